@@ -1,0 +1,139 @@
+// Thin C ABI over the parts of c10::cuda that tch does not expose: per-thread current
+// streams, CUDA events for GPU timing, cross-stream hand-off of tensors. Every function
+// returns 0 on success and a negative code (or writes nothing) on failure; none throws.
+#include <c10/cuda/CUDAStream.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAFunctions.h>
+#include <torch/torch.h>
+#include <cuda_runtime_api.h>
+#include <cstdint>
+#include <cstring>
+
+namespace {
+thread_local char last_error[512] = {0};
+
+void set_error(const char* msg) {
+  std::strncpy(last_error, msg, sizeof(last_error) - 1);
+  last_error[sizeof(last_error) - 1] = 0;
+}
+
+int cuda_check(cudaError_t err) {
+  if (err == cudaSuccess) return 0;
+  set_error(cudaGetErrorString(err));
+  return -static_cast<int>(err);
+}
+}  // namespace
+
+#define SHIM_TRY(body)                       \
+  try {                                      \
+    body                                     \
+  } catch (const std::exception& e) {        \
+    set_error(e.what());                     \
+    return -1;                               \
+  } catch (...) {                            \
+    set_error("unknown C++ exception");      \
+    return -1;                               \
+  }
+
+extern "C" {
+
+const char* dflash_cuda_last_error() { return last_error; }
+
+int dflash_cuda_device_count() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return n;
+}
+
+// A new stream from c10's pool, made current for the calling thread on `device`.
+// Writes the stream's packed id (c10 StreamId) and raw handle.
+int dflash_cuda_use_new_stream(int device, int64_t* stream_id, void** raw) {
+  SHIM_TRY({
+    c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
+    auto s = c10::cuda::getStreamFromPool(false, static_cast<c10::DeviceIndex>(device));
+    c10::cuda::setCurrentCUDAStream(s);
+    *stream_id = s.id();
+    *raw = static_cast<void*>(s.stream());
+    return 0;
+  })
+}
+
+// The calling thread's current stream on `device`.
+int dflash_cuda_current_stream(int device, int64_t* stream_id, void** raw) {
+  SHIM_TRY({
+    auto s = c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device));
+    *stream_id = s.id();
+    *raw = static_cast<void*>(s.stream());
+    return 0;
+  })
+}
+
+int dflash_cuda_set_device(int device) {
+  SHIM_TRY({
+    c10::cuda::set_device(static_cast<c10::DeviceIndex>(device));
+    return 0;
+  })
+}
+
+int dflash_cuda_stream_synchronize(void* stream) {
+  return cuda_check(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)));
+}
+
+int dflash_cuda_event_create(int device, void** event) {
+  SHIM_TRY({
+    c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
+    cudaEvent_t ev;
+    int rc = cuda_check(cudaEventCreateWithFlags(&ev, cudaEventDefault));
+    if (rc == 0) *event = static_cast<void*>(ev);
+    return rc;
+  })
+}
+
+int dflash_cuda_event_destroy(void* event) {
+  return cuda_check(cudaEventDestroy(static_cast<cudaEvent_t>(event)));
+}
+
+int dflash_cuda_event_record(void* event, void* stream) {
+  return cuda_check(cudaEventRecord(static_cast<cudaEvent_t>(event), static_cast<cudaStream_t>(stream)));
+}
+
+// 1 when the event has completed, 0 when it has not, negative on error. Never blocks.
+int dflash_cuda_event_query(void* event) {
+  cudaError_t err = cudaEventQuery(static_cast<cudaEvent_t>(event));
+  if (err == cudaSuccess) return 1;
+  if (err == cudaErrorNotReady) {
+    cudaGetLastError();
+    return 0;
+  }
+  return cuda_check(err);
+}
+
+int dflash_cuda_event_synchronize(void* event) {
+  return cuda_check(cudaEventSynchronize(static_cast<cudaEvent_t>(event)));
+}
+
+int dflash_cuda_event_elapsed_ms(void* start, void* end, float* ms) {
+  return cuda_check(cudaEventElapsedTime(ms, static_cast<cudaEvent_t>(start), static_cast<cudaEvent_t>(end)));
+}
+
+int dflash_cuda_stream_wait_event(void* stream, void* event) {
+  return cuda_check(cudaStreamWaitEvent(static_cast<cudaStream_t>(stream), static_cast<cudaEvent_t>(event), 0));
+}
+
+// Tell the caching allocator that `tensor`'s memory is in use on `stream` too, so it is
+// not handed out again before the work queued there has finished.
+int dflash_cuda_record_stream(void* tensor, int device, int64_t stream_id) {
+  SHIM_TRY({
+    auto* t = static_cast<torch::Tensor*>(tensor);
+    if (!t->defined() || !t->is_cuda()) return 0;
+    auto s = c10::cuda::CUDAStream::unpack3(stream_id, static_cast<c10::DeviceIndex>(device), c10::DeviceType::CUDA);
+    c10::cuda::CUDACachingAllocator::recordStream(t->storage().data_ptr(), s);
+    return 0;
+  })
+}
+
+}  // extern "C"
