@@ -1,0 +1,208 @@
+//! The DFlash training objective, one function per piece: anchor sampling, the noised
+//! block and its positions, the dense block mask, labels with the decayed weight mask,
+//! the weighted cross-entropy over a chunked lm_head, token accuracy and the
+//! acceptance-length proxy tau_hat.
+use rand::seq::index::sample;
+use rand::Rng;
+use tch::{Device, IndexOp, Kind, Tensor};
+
+use super::ModelError;
+
+/// Anchors of one step: `anchors [B, N]` (i64, sorted ascending among kept slots) and
+/// `keep [B, N]` (bool, false for unused slots, whose anchor is 0).
+#[derive(Debug)]
+pub struct Anchors {
+    pub anchors: Tensor,
+    pub keep: Tensor,
+}
+
+/// Draws anchors on the host. Candidates are positions `i` in `[0, S-2]` with
+/// `loss_mask[i]` and `loss_mask[i+1]`; each sequence draws `min(slots, candidates)` of
+/// them without replacement. The slot count is fixed so that shapes stay static.
+pub fn sample_anchors(loss_mask: &Tensor, slots: i64, rng: &mut impl Rng) -> Result<Anchors, ModelError> {
+    let (b, s) = (loss_mask.size()[0], loss_mask.size()[1]);
+    let mask: Vec<i64> = Vec::try_from(loss_mask.f_to_kind(Kind::Int64)?.f_to_device(Device::Cpu)?.f_view([-1])?)?;
+    let mut anchors = vec![0i64; (b * slots) as usize];
+    let mut keep = vec![false; (b * slots) as usize];
+    for row in 0..b as usize {
+        let m = &mask[row * s as usize..(row + 1) * s as usize];
+        let candidates: Vec<i64> = (0..s.saturating_sub(1) as usize)
+            .filter(|&i| m[i] != 0 && m[i + 1] != 0)
+            .map(|i| i as i64)
+            .collect();
+        let n = candidates.len().min(slots as usize);
+        let mut chosen: Vec<i64> = sample(rng, candidates.len(), n).into_iter().map(|i| candidates[i]).collect();
+        chosen.sort_unstable();
+        for (j, a) in chosen.into_iter().enumerate() {
+            anchors[row * slots as usize + j] = a;
+            keep[row * slots as usize + j] = true;
+        }
+    }
+    Ok(Anchors {
+        anchors: Tensor::from_slice(&anchors).view([b, slots]),
+        keep: Tensor::from_slice(&keep).view([b, slots]),
+    })
+}
+
+/// Token ids of the noised blocks, `[B, N * bs]`: per anchor `[input_ids[anchor], MASK x (bs-1)]`.
+pub fn noise_block_ids(input_ids: &Tensor, anchors: &Tensor, block_size: i64, mask_token_id: i64) -> Tensor {
+    let (b, n) = (anchors.size()[0], anchors.size()[1]);
+    let first = input_ids.gather(1, anchors, false).unsqueeze(-1);
+    let masks = Tensor::full([b, n, block_size - 1], mask_token_id, (Kind::Int64, input_ids.device()));
+    Tensor::cat(&[first, masks], -1).view([b, n * block_size])
+}
+
+/// Positions of all keys, `[B, S + N * bs]`: `cat(arange(S), anchor + arange(bs) per block)`.
+pub fn positions(seq_len: i64, anchors: &Tensor, block_size: i64) -> Tensor {
+    let (b, n) = (anchors.size()[0], anchors.size()[1]);
+    let dev = anchors.device();
+    let ctx = Tensor::arange(seq_len, (Kind::Int64, dev)).unsqueeze(0).expand([b, seq_len], false);
+    let blocks = (anchors.unsqueeze(-1) + Tensor::arange(block_size, (Kind::Int64, dev))).view([b, n * block_size]);
+    Tensor::cat(&[ctx, blocks], 1)
+}
+
+/// The dense block mask `[B, 1, Q, S + Q]`, `Q = N * bs`. Query `q` of block `bq` with
+/// offset `oq` and anchor `a` may see key `kv` when
+/// `(kv < S && kv < a) || (kv >= S && (kv - S) / bs == bq)`, the block is kept, and on
+/// sliding layers `kv >= a + oq - (window - 1)`. Rows of unused slots would be empty
+/// (NaN in some attention kernels), so they see their own block instead; their loss weight
+/// is zero.
+pub fn block_mask(anchors: &Tensor, keep: &Tensor, seq_len: i64, block_size: i64, window: Option<i64>) -> Tensor {
+    let (b, n) = (anchors.size()[0], anchors.size()[1]);
+    let q_len = n * block_size;
+    let dev = anchors.device();
+    // 1. per query: its block, offset, anchor and keep flag, (B, Q, 1)
+    let q = Tensor::arange(q_len, (Kind::Int64, dev));
+    let bq = q.divide_scalar_mode(block_size, "floor");
+    let oq = q.remainder(block_size);
+    let a = anchors.repeat_interleave_self_int(block_size, 1, None).unsqueeze(-1);
+    let kept = keep.repeat_interleave_self_int(block_size, 1, None).unsqueeze(-1);
+    // 2. per key index, (1, 1, S+Q)
+    let kv = Tensor::arange(seq_len + q_len, (Kind::Int64, dev)).view([1, 1, -1]);
+    let ctx = kv.lt(seq_len).logical_and(&kv.lt_tensor(&a));
+    let kv_block = (&kv - seq_len).divide_scalar_mode(block_size, "floor");
+    let draft = kv.ge(seq_len).logical_and(&kv_block.eq_tensor(&bq.view([1, -1, 1])));
+    let mut allow = ctx.logical_or(&draft);
+    if let Some(w) = window {
+        let lo = &a + oq.view([1, -1, 1]) - (w - 1);
+        allow = allow.logical_and(&kv.ge_tensor(&lo));
+    }
+    let allow = allow.logical_and(&kept);
+    // 3. unused slots attend to their own block only
+    allow.logical_or(&draft.logical_and(&kept.logical_not())).view([b, 1, q_len, seq_len + q_len])
+}
+
+/// Labels `[B, N, bs]` (`y[b,n,k] = input_ids[anchor + k]`, clamped inside the sequence)
+/// and the weight mask `m = keep * [anchor+k < S] * [k > 0] * loss_mask[anchor+k]` (float).
+pub fn labels_and_mask(input_ids: &Tensor, loss_mask: &Tensor, anchors: &Tensor, keep: &Tensor, block_size: i64) -> (Tensor, Tensor) {
+    let (b, s) = (input_ids.size()[0], input_ids.size()[1]);
+    let n = anchors.size()[1];
+    let dev = input_ids.device();
+    let k = Tensor::arange(block_size, (Kind::Int64, dev));
+    let idx = anchors.to_device(dev).unsqueeze(-1) + &k;
+    let inside = idx.lt(s);
+    let idx = idx.clamp_max(s - 1).view([b, n * block_size]);
+    let labels = input_ids.gather(1, &idx, false).view([b, n, block_size]);
+    let lm = loss_mask.to_device(dev).to_kind(Kind::Float).gather(1, &idx, false).view([b, n, block_size]);
+    let m = lm * inside.to_kind(Kind::Float) * keep.to_device(dev).to_kind(Kind::Float).unsqueeze(-1) * k.gt(0).to_kind(Kind::Float);
+    (labels, m)
+}
+
+/// Decay weights `w_k = exp(-(k-1)/gamma)`, `[bs]` (float).
+pub fn decay_weights(block_size: i64, gamma: f64, device: Device) -> Tensor {
+    ((Tensor::arange(block_size, (Kind::Float, device)) - 1.0) * (-1.0 / gamma)).exp()
+}
+
+/// The gamma of the reference recipes: 7 for bs=16, 5 for bs=10, 4 for bs=8; otherwise
+/// interpolated as `7 * bs / 16`.
+pub fn default_gamma(block_size: i64) -> f64 {
+    match block_size {
+        16 => 7.0,
+        10 => 5.0,
+        8 => 4.0,
+        bs => 7.0 * bs as f64 / 16.0,
+    }
+}
+
+/// Result of the weighted cross-entropy.
+#[derive(Debug)]
+pub struct LossOutput {
+    /// Scalar, differentiable: `sum(m*w*CE) / sum(m*w)`.
+    pub loss: Tensor,
+    /// `[B, N, bs]` bool: argmax equals the label.
+    pub correct: Tensor,
+}
+
+/// `sum(m * w * CE(lm_head(h), y)) / sum(m * w)` with the lm_head applied `chunk_blocks`
+/// blocks at a time so the `[B, N*bs, vocab]` logits never exist at once.
+/// `hidden` is `[B, N*bs, H]`, `lm_head` `[vocab, H]`.
+pub fn weighted_ce_chunked(
+    hidden: &Tensor,
+    lm_head: &Tensor,
+    labels: &Tensor,
+    m: &Tensor,
+    w: &Tensor,
+    chunk_blocks: i64,
+) -> LossOutput {
+    let (b, n, bs) = (labels.size()[0], labels.size()[1], labels.size()[2]);
+    let h = hidden.size()[2];
+    let hidden = hidden.view([b, n, bs, h]);
+    let mw = m * w;
+    let denom = mw.sum(Kind::Float).clamp_min(1e-6);
+    let step = chunk_blocks.max(1);
+    let mut total: Option<Tensor> = None;
+    let mut correct = Vec::new();
+    let mut start = 0;
+    while start < n {
+        let len = step.min(n - start);
+        // (B, len, bs, H) -> (B*len*bs, vocab)
+        let hc = hidden.narrow(1, start, len).reshape([-1, h]);
+        let logits = hc.matmul(&lm_head.tr()).to_kind(Kind::Float);
+        let y = labels.narrow(1, start, len).reshape([-1]);
+        let ce = logits.cross_entropy_loss::<Tensor>(&y, None, tch::Reduction::None, -100, 0.0);
+        let part = (ce * mw.narrow(1, start, len).reshape([-1])).sum(Kind::Float);
+        total = Some(match total {
+            Some(t) => t + part,
+            None => part,
+        });
+        correct.push(tch::no_grad(|| logits.argmax(-1, false).eq_tensor(&y).view([b, len, bs])));
+        start += len;
+    }
+    LossOutput {
+        loss: total.expect("at least one block") / denom,
+        correct: Tensor::cat(&correct, 1),
+    }
+}
+
+/// Token accuracy `sum(m * correct) / sum(m)` (0 when nothing is valid).
+pub fn accuracy(correct: &Tensor, m: &Tensor) -> f64 {
+    let valid = m.gt(0.0);
+    let n = valid.sum(Kind::Float).double_value(&[]);
+    if n == 0.0 {
+        return 0.0;
+    }
+    correct.logical_and(&valid).sum(Kind::Float).double_value(&[]) / n
+}
+
+/// The acceptance-length proxy: per block `1 + sum_k prod_{j<=k} c_j` over positions
+/// `k >= 1`, where invalid positions neither break the run nor count; averaged over blocks
+/// with at least one valid position (0 when there is none).
+pub fn tau_hat(correct: &Tensor, m: &Tensor) -> f64 {
+    let valid = m.gt(0.0);
+    // invalid positions pass through the running product as "correct" but do not count
+    let pass = correct.logical_or(&valid.logical_not()).to_kind(Kind::Float);
+    let run = pass.cumprod(-1, Kind::Float);
+    let accepted = (run * valid.to_kind(Kind::Float)).sum_dim_intlist(-1, false, Kind::Float);
+    let has_valid = valid.any_dim(-1, false);
+    let blocks = has_valid.sum(Kind::Float).double_value(&[]);
+    if blocks == 0.0 {
+        return 0.0;
+    }
+    let sum = (accepted + 1.0).masked_select(&has_valid).sum(Kind::Float).double_value(&[]);
+    sum / blocks
+}
+
+/// First `n` rows of a `[B, ...]` tensor (helper for tests and logging).
+pub fn head(t: &Tensor, n: i64) -> Tensor {
+    t.i(..n)
+}

@@ -1,0 +1,213 @@
+//! One drafter training step, section by section: host-to-device copy, anchors, noised
+//! block embedding, RoPE tables, masks, fc, layers, final norm, chunked lm_head loss,
+//! backward, gradient clipping and the AdamW update. Each section is a trace span at its
+//! call site; the model code itself carries no instrumentation.
+use rand::Rng;
+use tch::{Device, Kind, Tensor};
+
+use crate::model::drafter::LayerMasks;
+use crate::model::layers::Rope;
+use crate::model::objective::{self, LossOutput};
+use crate::model::{Drafter, LayerType, ModelError};
+use crate::trace::{self, Name};
+use crate::trace_name;
+
+use super::optim::{AdamW, AdamWConfig};
+
+/// One batch as the target side hands it over.
+pub struct Batch {
+    /// `[B, S]` i64, on the host.
+    pub input_ids: Tensor,
+    /// `[B, S]` (any integer/float kind; nonzero = train on it), on the host.
+    pub loss_mask: Tensor,
+    /// `[B, S, L_d * H]`, on the target's device.
+    pub features: Tensor,
+    /// Batch sequence number from the data loader.
+    pub index: u64,
+}
+
+/// Settings of the drafter step.
+#[derive(Debug, Clone, Copy)]
+pub struct StepConfig {
+    pub num_anchors: i64,
+    pub gamma: f64,
+    pub chunk_blocks: i64,
+    pub grad_clip: f64,
+}
+
+/// What one step measured (all host values).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct StepMetrics {
+    pub loss: f64,
+    pub accuracy: f64,
+    pub tau_hat: f64,
+    /// Tokens in the batch (B * S).
+    pub tokens: i64,
+    pub grad_norm: f64,
+}
+
+/// Span names of per-layer sections, interned once.
+struct LayerNames {
+    layer: Name,
+    attn: Name,
+    mlp: Name,
+}
+
+/// The drafter, its optimizer and the frozen target pieces it borrows.
+pub struct DrafterTrainer {
+    pub drafter: Drafter,
+    pub vs: tch::nn::VarStore,
+    pub opt: AdamW,
+    embed: Tensor,
+    lm_head: Tensor,
+    pub device: Device,
+    pub kind: Kind,
+    pub cfg: StepConfig,
+    weights: Tensor,
+    layer_names: Vec<LayerNames>,
+}
+
+impl DrafterTrainer {
+    /// `embed` and `lm_head` are the target's frozen `[vocab, H]` tensors; they are copied
+    /// to the drafter's device if needed. The drafter's variables are cast to `kind`, with
+    /// fp32 master weights in the optimizer.
+    pub fn new(
+        drafter: Drafter,
+        mut vs: tch::nn::VarStore,
+        embed: &Tensor,
+        lm_head: &Tensor,
+        kind: Kind,
+        cfg: StepConfig,
+        adamw: AdamWConfig,
+    ) -> Result<Self, ModelError> {
+        let device = vs.device();
+        vs.set_kind(kind);
+        let mut named: Vec<(String, Tensor)> = vs.variables().into_iter().collect();
+        named.sort_by(|a, b| a.0.cmp(&b.0));
+        let opt = AdamW::new(named, adamw)?;
+        let layer_names = (0..drafter.layers.len())
+            .map(|i| LayerNames {
+                layer: trace::intern(&format!("drafter.layer.{i}")),
+                attn: trace::intern(&format!("drafter.layer.{i}.attn")),
+                mlp: trace::intern(&format!("drafter.layer.{i}.mlp")),
+            })
+            .collect();
+        let weights = objective::decay_weights(drafter.cfg.block_size, cfg.gamma, device);
+        Ok(Self {
+            embed: embed.detach().to_device(device).to_kind(kind),
+            lm_head: lm_head.detach().to_device(device).to_kind(kind),
+            drafter,
+            vs,
+            opt,
+            device,
+            kind,
+            cfg,
+            weights,
+            layer_names,
+        })
+    }
+
+    /// Forward pass and loss of one batch, instrumented. Returns the loss output and the
+    /// weight mask `m`.
+    pub fn forward(&self, batch: &Batch, rng: &mut impl Rng) -> Result<(LossOutput, Tensor), ModelError> {
+        let cfg = &self.drafter.cfg;
+        let bs = cfg.block_size;
+        let s = batch.input_ids.size()[1];
+        let (input_ids, features) = {
+            let _s = trace::gpu_span(trace_name!("drafter.h2d"));
+            (
+                batch.input_ids.f_to_device(self.device)?,
+                batch.features.f_to_device(self.device)?.f_to_kind(self.kind)?,
+            )
+        };
+        let anchors = {
+            let _s = trace::span(trace_name!("drafter.anchors"));
+            let a = objective::sample_anchors(&batch.loss_mask, self.cfg.num_anchors, rng)?;
+            objective::Anchors {
+                anchors: a.anchors.f_to_device(self.device)?,
+                keep: a.keep.f_to_device(self.device)?,
+            }
+        };
+        let noise = {
+            let _s = trace::gpu_span(trace_name!("drafter.noise_embed"));
+            let ids = objective::noise_block_ids(&input_ids, &anchors.anchors, bs, cfg.mask_token_id);
+            Tensor::embedding(&self.embed, &ids, -1, false, false)
+        };
+        let rope = {
+            let _s = trace::gpu_span(trace_name!("drafter.rope"));
+            let pos = objective::positions(s, &anchors.anchors, bs);
+            Rope::new(&pos, cfg.head_dim, cfg.rope_theta, self.kind)
+        };
+        let masks = {
+            let _s = trace::gpu_span(trace_name!("drafter.mask"));
+            let full = objective::block_mask(&anchors.anchors, &anchors.keep, s, bs, None);
+            let sliding = cfg.layer_types.contains(&LayerType::Sliding).then(|| {
+                objective::block_mask(&anchors.anchors, &anchors.keep, s, bs, Some(cfg.sliding_window))
+            });
+            LayerMasks { full, sliding }
+        };
+        let ctx = {
+            let _s = trace::gpu_span(trace_name!("drafter.fc"));
+            self.drafter.context(&features)
+        };
+        let mut x = noise;
+        for (layer, names) in self.drafter.layers.iter().zip(&self.layer_names) {
+            let _l = trace::gpu_span(names.layer);
+            x = {
+                let _s = trace::gpu_span(names.attn);
+                layer.attn_block(&x, &ctx, &rope, masks.for_layer(layer.layer_type))
+            };
+            x = {
+                let _s = trace::gpu_span(names.mlp);
+                layer.mlp_block(&x)
+            };
+        }
+        let hidden = {
+            let _s = trace::gpu_span(trace_name!("drafter.norm"));
+            self.drafter.final_norm(&x)
+        };
+        let _s = trace::gpu_span(trace_name!("drafter.lm_head_loss"));
+        let (labels, m) = objective::labels_and_mask(&input_ids, &batch.loss_mask, &anchors.anchors, &anchors.keep, bs);
+        let out = objective::weighted_ce_chunked(&hidden, &self.lm_head, &labels, &m, &self.weights, self.cfg.chunk_blocks);
+        Ok((out, m))
+    }
+
+    /// Forward, backward, clip and AdamW update at learning rate `lr`.
+    pub fn train_step(&mut self, batch: &Batch, rng: &mut impl Rng, lr: f64) -> Result<StepMetrics, ModelError> {
+        let (out, m) = self.forward(batch, rng)?;
+        {
+            let _s = trace::gpu_span(trace_name!("drafter.backward"));
+            out.loss.f_backward()?;
+        }
+        let (grad, norm) = {
+            let _s = trace::gpu_span(trace_name!("drafter.clip"));
+            let mut grad = self.opt.flat_grad();
+            let norm = AdamW::clip(&mut grad, self.cfg.grad_clip);
+            (grad, norm)
+        };
+        {
+            let _s = trace::gpu_span(trace_name!("drafter.optimizer"));
+            self.opt.step(&grad, lr);
+        }
+        let _s = trace::span(trace_name!("drafter.metrics"));
+        Ok(StepMetrics {
+            loss: out.loss.f_double_value(&[])?,
+            accuracy: objective::accuracy(&out.correct, &m),
+            tau_hat: objective::tau_hat(&out.correct, &m),
+            tokens: batch.input_ids.numel() as i64,
+            grad_norm: norm.f_double_value(&[])?,
+        })
+    }
+
+    /// Loss and metrics without updating anything.
+    pub fn evaluate(&self, batch: &Batch, rng: &mut impl Rng) -> Result<StepMetrics, ModelError> {
+        let (out, m) = tch::no_grad(|| self.forward(batch, rng))?;
+        Ok(StepMetrics {
+            loss: out.loss.f_double_value(&[])?,
+            accuracy: objective::accuracy(&out.correct, &m),
+            tau_hat: objective::tau_hat(&out.correct, &m),
+            tokens: batch.input_ids.numel() as i64,
+            grad_norm: 0.0,
+        })
+    }
+}
