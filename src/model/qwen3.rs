@@ -268,3 +268,39 @@ impl Qwen3 {
         })
     }
 }
+
+impl Qwen3Config {
+    /// Named shapes for random-weight targets. `realistic`: 28 layers, hidden 1024,
+    /// intermediate 3072, 16 heads / 8 KV heads of 128, vocab 151936 (tied embeddings).
+    pub fn preset(name: &str) -> Option<Self> {
+        match name {
+            "realistic" => Some(Self {
+                vocab_size: 151936,
+                hidden_size: 1024,
+                intermediate_size: 3072,
+                num_hidden_layers: 28,
+                num_attention_heads: 16,
+                num_key_value_heads: 8,
+                head_dim: 128,
+                rms_norm_eps: 1e-6,
+                rope_theta: 1_000_000.0,
+                tie_word_embeddings: true,
+                max_position_embeddings: 40960,
+            }),
+            "tiny" => Some(Self {
+                vocab_size: 260,
+                hidden_size: 128,
+                intermediate_size: 384,
+                num_hidden_layers: 6,
+                num_attention_heads: 4,
+                num_key_value_heads: 2,
+                head_dim: 32,
+                rms_norm_eps: 1e-6,
+                rope_theta: 10_000.0,
+                tie_word_embeddings: false,
+                max_position_embeddings: 4096,
+            }),
+            _ => None,
+        }
+    }
+}

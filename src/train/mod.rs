@@ -1,4 +1,10 @@
 //! Training: data, the target worker, the hidden-state queue, the drafter worker, the
 //! optimizer and checkpoints.
+pub mod checkpoint;
+pub mod config;
+pub mod data;
 pub mod optim;
+pub mod pipeline;
+pub mod pretrain;
+pub mod queue;
 pub mod step;

@@ -2,8 +2,15 @@
 //! block embedding, RoPE tables, masks, fc, layers, final norm, chunked lm_head loss,
 //! backward, gradient clipping and the AdamW update. Each section is a trace span at its
 //! call site; the model code itself carries no instrumentation.
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
+use std::time::Instant;
+
 use rand::Rng;
 use tch::{Device, Kind, Tensor};
+
+use crate::cuda;
 
 use crate::model::drafter::LayerMasks;
 use crate::model::layers::Rope;
@@ -44,6 +51,50 @@ pub struct StepMetrics {
     /// Tokens in the batch (B * S).
     pub tokens: i64,
     pub grad_norm: f64,
+}
+
+/// Validation mode: time each section also by synchronizing the thread's stream before
+/// and after it (slow; for checking CUDA-event GPU times against the CPU clock).
+static SYNC_SECTIONS: AtomicBool = AtomicBool::new(false);
+/// Synchronized wall times per section name, in ns (collected while tracing is on).
+static SYNC_TIMES: Mutex<BTreeMap<String, (u64, u64)>> = Mutex::new(BTreeMap::new());
+
+pub fn set_sync_sections(on: bool) {
+    SYNC_SECTIONS.store(on, Ordering::Relaxed);
+}
+
+/// `name -> (count, total ns)` of the synchronized timings, cleared.
+pub fn take_sync_times() -> BTreeMap<String, (u64, u64)> {
+    std::mem::take(&mut *SYNC_TIMES.lock().unwrap_or_else(|e| e.into_inner()))
+}
+
+/// A GPU-timed section; in validation mode also synchronized and wall-timed.
+pub struct Section {
+    _span: trace::Span,
+    sync: Option<(Name, cuda::Stream, Instant)>,
+}
+
+pub fn section(name: Name, device: Device) -> Section {
+    let sync = match device {
+        Device::Cuda(i) if SYNC_SECTIONS.load(Ordering::Relaxed) && trace::enabled() => {
+            cuda::current_stream(i).ok().and_then(|s| s.synchronize().ok().map(|_| (name, s, Instant::now())))
+        }
+        _ => None,
+    };
+    Section { _span: trace::gpu_span(name), sync }
+}
+
+impl Drop for Section {
+    fn drop(&mut self) {
+        if let Some((name, stream, t0)) = self.sync.take() {
+            let _ = stream.synchronize();
+            let ns = t0.elapsed().as_nanos() as u64;
+            let mut map = SYNC_TIMES.lock().unwrap_or_else(|e| e.into_inner());
+            let e = map.entry(name.text().to_string()).or_insert((0, 0));
+            e.0 += 1;
+            e.1 += ns;
+        }
+    }
 }
 
 /// Span names of per-layer sections, interned once.
@@ -114,7 +165,7 @@ impl DrafterTrainer {
         let bs = cfg.block_size;
         let s = batch.input_ids.size()[1];
         let (input_ids, features) = {
-            let _s = trace::gpu_span(trace_name!("drafter.h2d"));
+            let _s = section(trace_name!("drafter.h2d"), self.device);
             (
                 batch.input_ids.f_to_device(self.device)?,
                 batch.features.f_to_device(self.device)?.f_to_kind(self.kind)?,
@@ -129,17 +180,17 @@ impl DrafterTrainer {
             }
         };
         let noise = {
-            let _s = trace::gpu_span(trace_name!("drafter.noise_embed"));
+            let _s = section(trace_name!("drafter.noise_embed"), self.device);
             let ids = objective::noise_block_ids(&input_ids, &anchors.anchors, bs, cfg.mask_token_id);
             Tensor::embedding(&self.embed, &ids, -1, false, false)
         };
         let rope = {
-            let _s = trace::gpu_span(trace_name!("drafter.rope"));
+            let _s = section(trace_name!("drafter.rope"), self.device);
             let pos = objective::positions(s, &anchors.anchors, bs);
             Rope::new(&pos, cfg.head_dim, cfg.rope_theta, self.kind)
         };
         let masks = {
-            let _s = trace::gpu_span(trace_name!("drafter.mask"));
+            let _s = section(trace_name!("drafter.mask"), self.device);
             let full = objective::block_mask(&anchors.anchors, &anchors.keep, s, bs, None);
             let sliding = cfg.layer_types.contains(&LayerType::Sliding).then(|| {
                 objective::block_mask(&anchors.anchors, &anchors.keep, s, bs, Some(cfg.sliding_window))
@@ -147,26 +198,26 @@ impl DrafterTrainer {
             LayerMasks { full, sliding }
         };
         let ctx = {
-            let _s = trace::gpu_span(trace_name!("drafter.fc"));
+            let _s = section(trace_name!("drafter.fc"), self.device);
             self.drafter.context(&features)
         };
         let mut x = noise;
         for (layer, names) in self.drafter.layers.iter().zip(&self.layer_names) {
-            let _l = trace::gpu_span(names.layer);
+            let _l = section(names.layer, self.device);
             x = {
-                let _s = trace::gpu_span(names.attn);
+                let _s = section(names.attn, self.device);
                 layer.attn_block(&x, &ctx, &rope, masks.for_layer(layer.layer_type))
             };
             x = {
-                let _s = trace::gpu_span(names.mlp);
+                let _s = section(names.mlp, self.device);
                 layer.mlp_block(&x)
             };
         }
         let hidden = {
-            let _s = trace::gpu_span(trace_name!("drafter.norm"));
+            let _s = section(trace_name!("drafter.norm"), self.device);
             self.drafter.final_norm(&x)
         };
-        let _s = trace::gpu_span(trace_name!("drafter.lm_head_loss"));
+        let _s = section(trace_name!("drafter.lm_head_loss"), self.device);
         let (labels, m) = objective::labels_and_mask(&input_ids, &batch.loss_mask, &anchors.anchors, &anchors.keep, bs);
         let out = objective::weighted_ce_chunked(&hidden, &self.lm_head, &labels, &m, &self.weights, self.cfg.chunk_blocks);
         Ok((out, m))
@@ -176,17 +227,17 @@ impl DrafterTrainer {
     pub fn train_step(&mut self, batch: &Batch, rng: &mut impl Rng, lr: f64) -> Result<StepMetrics, ModelError> {
         let (out, m) = self.forward(batch, rng)?;
         {
-            let _s = trace::gpu_span(trace_name!("drafter.backward"));
+            let _s = section(trace_name!("drafter.backward"), self.device);
             out.loss.f_backward()?;
         }
         let (grad, norm) = {
-            let _s = trace::gpu_span(trace_name!("drafter.clip"));
+            let _s = section(trace_name!("drafter.clip"), self.device);
             let mut grad = self.opt.flat_grad();
             let norm = AdamW::clip(&mut grad, self.cfg.grad_clip);
             (grad, norm)
         };
         {
-            let _s = trace::gpu_span(trace_name!("drafter.optimizer"));
+            let _s = section(trace_name!("drafter.optimizer"), self.device);
             self.opt.step(&grad, lr);
         }
         let _s = trace::span(trace_name!("drafter.metrics"));

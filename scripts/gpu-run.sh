@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# GPU experiments with a release build of dflash, on a host that has a CUDA PyTorch 2.11
+# install but no Rust toolchain. Finds that install's libtorch and CUDA libraries, runs
+# the traced trainings at the realistic size (target hidden 1024 x 28 layers, vocab
+# 151936; drafter 3 layers on target layers [1, 13, 25], block 16, 256 anchors, sequence
+# 2048, batch 1, bf16) and writes every run directory under OUT_DIR.
+#
+#   scripts/gpu-run.sh [BIN] [OUT_DIR]      (defaults: target/release/dflash, gpu-runs)
+#
+# Runs: perf (traced) and perf-notrace; fidelity (sections also timed by synchronizing);
+# overhead-{trace,notrace}-N interleaved; fixture-a / fixture-b (anchors 256 vs 512,
+# gzipped traces of a few steps).
+set -euo pipefail
+bin="${1:-target/release/dflash}"
+out="${2:-gpu-runs}"
+reps="${REPS:-3}"
+py="${PYTHON:-python3}"
+torch_dir="$("$py" -c 'import torch, os; print(os.path.dirname(torch.__file__))')"
+site="$(dirname "$torch_dir")"
+export LD_LIBRARY_PATH="$torch_dir/lib:$site/nvidia/cu13/lib:${LD_LIBRARY_PATH:-}"
+mkdir -p "$out"
+{
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader || true
+  "$py" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.get_device_name(0))'
+  "$bin" --version
+} | tee "$out/device.txt"
+
+common=(--target-preset realistic --set synthetic_seq_len=2048 --set seq_len=2048 --set batch_tokens=2048
+  --set num_anchors=256 --set block_size=16 --set drafter_layers=3 --set chunk_blocks=32
+  --target-devices cuda:0 --drafter-device cuda:0 --set log_every=20 --set summary_every=20 --set save_checkpoints=false)
+
+run() { local name="$1"; shift; echo "== $name: $*"; "$bin" train "${common[@]}" "$@" 2>&1 | tee "$out/$name.log"; }
+
+run perf --steps 60 --trace "$out/perf" --trace-steps 20..40 --trace-gzip
+run perf-notrace --steps 60 --run-dir "$out/perf-notrace"
+run fidelity --steps 30 --trace "$out/fidelity" --trace-steps 10..25 --trace-gzip --set sync_sections=true
+for i in $(seq 1 "$reps"); do
+  run "overhead-notrace-$i" --steps 60 --run-dir "$out/overhead-notrace-$i"
+  run "overhead-trace-$i" --steps 60 --trace "$out/overhead-trace-$i" --trace-steps 0..60 --trace-gzip
+done
+run fixture-a --steps 14 --trace "$out/fixture-a" --trace-steps 6..14 --trace-gzip
+run fixture-b --steps 14 --trace "$out/fixture-b" --trace-steps 6..14 --trace-gzip --set num_anchors=512
+echo "done: $out"

@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# The whole test suite on a fresh machine: installs libtorch into .venv once (idempotent;
+# a second run does not reinstall), then runs every test of the workspace.
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+bash scripts/setup.sh
+if ! command -v cargo >/dev/null; then
+  echo "error: cargo not found; install Rust (https://rustup.rs)" >&2
+  exit 2
+fi
+cargo test --workspace --locked "$@"

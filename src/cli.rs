@@ -1,0 +1,114 @@
+//! Command-line arguments of `dflash` (declarations only).
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "dflash",
+    version,
+    about = "Train DFlash block-diffusion drafters for speculative decoding, with a built-in trace recorder.",
+    after_help = "Examples:\n  dflash train --trace runs/demo                  # embedded default: tiny target + corpus, traced\n  dflash train --target ckpt/Qwen3-8B --data train.jsonl --target-devices cuda:0 --drafter-device cuda:1 --trace runs/a\n  dflash train --config run.toml --set lr=3e-4 --set num_anchors=256\n  dflash train --resume --run-dir runs/a          # continue from the latest checkpoint\n  dflash pretrain-target --corpus fixtures/corpus/train.txt --out fixtures/tiny-target"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Train a drafter: target workers feed a hidden-state queue, the drafter trains from it.
+    Train(TrainArgs),
+    /// Pretrain a small Qwen3 target as a plain next-token language model of a text corpus.
+    PretrainTarget(PretrainArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct TrainArgs {
+    /// TOML file with any training settings; flags and --set override it.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Override any setting: `--set key=value` (value in TOML syntax), repeatable.
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    pub sets: Vec<String>,
+    /// Target checkpoint directory (Hugging Face Qwen3 layout). Default: the embedded tiny target.
+    #[arg(long, value_name = "DIR")]
+    pub target: Option<PathBuf>,
+    /// Random-weight target of a named shape instead of a checkpoint: `realistic` or `tiny`.
+    #[arg(long, value_name = "NAME")]
+    pub target_preset: Option<String>,
+    /// Training data: .jsonl (`input_ids`, optional `loss_mask`) or plain text. Default: the embedded corpus.
+    #[arg(long, value_name = "FILE")]
+    pub data: Option<PathBuf>,
+    /// Optimizer steps (default 150).
+    #[arg(long)]
+    pub steps: Option<i64>,
+    /// Devices of the target workers, comma-separated, one worker each (default cpu).
+    #[arg(long, value_name = "LIST", value_delimiter = ',')]
+    pub target_devices: Option<Vec<String>>,
+    /// Device of the drafter worker (default cpu).
+    #[arg(long, value_name = "DEVICE")]
+    pub drafter_device: Option<String>,
+    /// Record a Chrome/Perfetto trace to RUN_DIR/trace.json; RUN_DIR is also the run directory.
+    #[arg(long, value_name = "RUN_DIR")]
+    pub trace: Option<PathBuf>,
+    /// Run directory for the effective config, metrics, checkpoints and drafter (default runs/train-<time>).
+    #[arg(long, value_name = "DIR")]
+    pub run_dir: Option<PathBuf>,
+    /// Traced steps as a half-open window `a..b` (default: a short window after warm-up).
+    #[arg(long, value_name = "A..B")]
+    pub trace_steps: Option<String>,
+    /// Write trace.json.gz instead of trace.json.
+    #[arg(long)]
+    pub trace_gzip: bool,
+    /// Continue the run in the run directory from its latest checkpoint.
+    #[arg(long)]
+    pub resume: bool,
+    /// Save a checkpoint and stop after this many steps (the LR schedule still spans --steps).
+    #[arg(long, value_name = "N")]
+    pub stop_after: Option<i64>,
+    /// No progress lines on stderr.
+    #[arg(long, short)]
+    pub quiet: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct PretrainArgs {
+    /// Plain-text corpus (byte-level tokenizer).
+    #[arg(long, value_name = "FILE")]
+    pub corpus: PathBuf,
+    /// Output checkpoint directory (written atomically).
+    #[arg(long, value_name = "DIR")]
+    pub out: PathBuf,
+    /// Optimizer steps (default 800).
+    #[arg(long, default_value_t = 800)]
+    pub steps: i64,
+    /// Sequences per batch (default 16).
+    #[arg(long, default_value_t = 16)]
+    pub batch: i64,
+    /// Tokens per sequence (default 128).
+    #[arg(long, default_value_t = 128)]
+    pub seq_len: i64,
+    /// Peak learning rate (default 3e-3).
+    #[arg(long, default_value_t = 3e-3)]
+    pub lr: f64,
+    /// Random seed (default 0).
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Model shape preset (default tiny: 6 layers, hidden 128, byte vocabulary).
+    #[arg(long, default_value = "tiny")]
+    pub preset: String,
+}
+
+#[cfg_attr(not(test), allow(dead_code))]
+pub fn build_command() -> clap::Command {
+    <Cli as clap::CommandFactory>::command()
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn cli_is_well_formed() {
+        super::build_command().debug_assert();
+    }
+}

@@ -1,0 +1,255 @@
+//! The training configuration: one struct, read from a TOML file (`--config`), overridden
+//! field by field on the command line (`--set key=value` or the dedicated flags), and
+//! written to the run directory as the effective configuration.
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+/// Every setting of a training run. Defaults are the embedded default run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TrainConfig {
+    /// Target checkpoint directory (Hugging Face layout). Empty: the embedded tiny target.
+    pub target: Option<PathBuf>,
+    /// Random-weight target of a named shape instead of a checkpoint ("realistic": the
+    /// 28-layer, hidden-1024 shape used for GPU benchmarks).
+    pub target_preset: Option<String>,
+    /// Training data: `.jsonl` with `input_ids` (+ optional `loss_mask`) per line, or plain
+    /// text (byte-level tokenizer). Empty: the embedded corpus.
+    pub data: Option<PathBuf>,
+    /// Synthetic random-token data of this sequence length instead of a file (benchmarks).
+    pub synthetic_seq_len: Option<usize>,
+    /// Longest sequence, in tokens; text is cut into sequences of this length.
+    pub seq_len: usize,
+    /// Token budget of one batch (batch size x padded length).
+    pub batch_tokens: usize,
+    /// Fraction of sequences held out for evaluation at the end.
+    pub heldout_fraction: f64,
+    /// Optimizer steps to run.
+    pub steps: i64,
+    pub lr: f64,
+    pub warmup_ratio: f64,
+    pub weight_decay: f64,
+    pub grad_clip: f64,
+    pub seed: u64,
+    pub block_size: i64,
+    pub num_anchors: i64,
+    /// Loss decay gamma; 0 picks the reference value for the block size.
+    pub gamma: f64,
+    /// Blocks per lm_head chunk in the loss.
+    pub chunk_blocks: i64,
+    pub drafter_layers: i64,
+    /// Target layers tapped; empty: the DFlash formula.
+    pub target_layer_ids: Vec<usize>,
+    /// Number of leading drafter layers that use sliding-window attention.
+    pub sliding_layers: i64,
+    pub sliding_window: i64,
+    /// Mask token id; negative: the tokenizer's mask id, or the last vocabulary id.
+    pub mask_token_id: i64,
+    /// Devices of the target workers, one worker each ("cpu", "cuda:0", ...).
+    pub target_devices: Vec<String>,
+    pub drafter_device: String,
+    /// Capacity of the hidden-state queue, in batches.
+    pub queue_capacity: usize,
+    /// Save a checkpoint every N steps (0: only at the end).
+    pub checkpoint_every: i64,
+    /// Print a progress line every N steps.
+    pub log_every: i64,
+    /// Traced steps, `a..b` (half-open); empty: a short window after warm-up.
+    pub trace_steps: Option<String>,
+    pub trace_gzip: bool,
+    /// Print the live per-section summary every N steps while tracing (0: never).
+    pub summary_every: i64,
+    /// Validation: also time each section by synchronizing around it (slow).
+    pub sync_sections: bool,
+    /// Write checkpoints and the final drafter (off for throwaway benchmark runs).
+    pub save_checkpoints: bool,
+}
+
+impl Default for TrainConfig {
+    fn default() -> Self {
+        Self {
+            target: None,
+            target_preset: None,
+            data: None,
+            synthetic_seq_len: None,
+            seq_len: 256,
+            batch_tokens: 2048,
+            heldout_fraction: 0.05,
+            steps: 150,
+            lr: 3e-3,
+            warmup_ratio: 0.04,
+            weight_decay: 0.0,
+            grad_clip: 1.0,
+            seed: 0,
+            block_size: 8,
+            num_anchors: 32,
+            gamma: 0.0,
+            chunk_blocks: 16,
+            drafter_layers: 2,
+            target_layer_ids: Vec::new(),
+            sliding_layers: 0,
+            sliding_window: 2048,
+            mask_token_id: -1,
+            target_devices: vec!["cpu".into()],
+            drafter_device: "cpu".into(),
+            queue_capacity: 4,
+            checkpoint_every: 0,
+            log_every: 10,
+            trace_steps: None,
+            trace_gzip: false,
+            summary_every: 20,
+            sync_sections: false,
+            save_checkpoints: true,
+        }
+    }
+}
+
+/// A configuration problem the user can fix.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config {path}: {source}")]
+    Read { path: PathBuf, source: std::io::Error },
+    #[error("bad config {path}: {message}")]
+    Parse { path: PathBuf, message: String },
+    #[error("bad --set {assignment:?}: {message} (use --set key=value with a TOML value, e.g. --set lr=1e-3)")]
+    Set { assignment: String, message: String },
+    #[error("bad config: {0}")]
+    Invalid(String),
+}
+
+impl TrainConfig {
+    /// Reads a TOML file (unknown keys are errors, so a typo does not go unnoticed).
+    pub fn from_file(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.into(), source })?;
+        toml::from_str(&text).map_err(|e| ConfigError::Parse {
+            path: path.into(),
+            message: e.to_string().trim().replace('\n', " "),
+        })
+    }
+
+    /// Applies `key=value` overrides, each value parsed as TOML (a bare word is a string).
+    pub fn with_overrides(self, sets: &[String]) -> Result<Self, ConfigError> {
+        let mut table = toml::Table::try_from(&self).expect("config serializes to a table");
+        for s in sets {
+            let err = |message: String| ConfigError::Set { assignment: s.clone(), message };
+            let (key, raw) = s.split_once('=').ok_or_else(|| err("missing `=`".into()))?;
+            let key = key.trim().replace('-', "_");
+            let value = toml::from_str::<toml::Table>(&format!("v = {raw}"))
+                .map(|mut t| t.remove("v").expect("parsed key"))
+                .unwrap_or_else(|_| toml::Value::String(raw.to_string()));
+            if !Self::field_names().contains(&key.as_str()) {
+                return Err(err(format!("unknown field `{key}`")));
+            }
+            table.insert(key, value);
+        }
+        let cfg: Self = toml::Value::Table(table)
+            .try_into()
+            .map_err(|e: toml::de::Error| ConfigError::Invalid(e.to_string().trim().replace('\n', " ")))?;
+        Ok(cfg)
+    }
+
+    fn field_names() -> Vec<&'static str> {
+        vec![
+            "target", "target_preset", "data", "synthetic_seq_len", "seq_len", "batch_tokens",
+            "heldout_fraction", "steps", "lr", "warmup_ratio", "weight_decay", "grad_clip", "seed",
+            "block_size", "num_anchors", "gamma", "chunk_blocks", "drafter_layers", "target_layer_ids",
+            "sliding_layers", "sliding_window", "mask_token_id", "target_devices", "drafter_device",
+            "queue_capacity", "checkpoint_every", "log_every", "trace_steps", "trace_gzip",
+            "summary_every", "sync_sections", "save_checkpoints",
+        ]
+    }
+
+    /// Checks what can be checked without loading anything.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let bad = |m: String| Err(ConfigError::Invalid(m));
+        if self.steps <= 0 {
+            return bad(format!("steps must be positive, got {}", self.steps));
+        }
+        if self.seq_len < 2 || self.batch_tokens < self.seq_len {
+            return bad(format!(
+                "need seq_len >= 2 and batch_tokens >= seq_len, got seq_len {} and batch_tokens {}",
+                self.seq_len, self.batch_tokens
+            ));
+        }
+        if self.num_anchors <= 0 || self.block_size < 2 || self.drafter_layers <= 0 {
+            return bad("num_anchors and drafter_layers must be positive and block_size at least 2".into());
+        }
+        if self.queue_capacity == 0 {
+            return bad("queue_capacity must be at least 1".into());
+        }
+        if self.target_devices.is_empty() {
+            return bad("target_devices is empty; give at least one device, e.g. --target-devices cpu".into());
+        }
+        if !(0.0..1.0).contains(&self.heldout_fraction) {
+            return bad(format!("heldout_fraction must be in [0, 1), got {}", self.heldout_fraction));
+        }
+        if self.sliding_layers < 0 || self.sliding_layers > self.drafter_layers {
+            return bad(format!("sliding_layers {} must be within 0..={}", self.sliding_layers, self.drafter_layers));
+        }
+        self.trace_window()?;
+        Ok(())
+    }
+
+    /// The traced step window `[a, b)`.
+    pub fn trace_window(&self) -> Result<(i64, i64), ConfigError> {
+        match &self.trace_steps {
+            None => {
+                // a short window after warm-up, so long runs do not write gigabytes
+                let warm = (self.steps / 10).clamp(1, 5).min(self.steps - 1).max(0);
+                Ok((warm, (warm + 50).min(self.steps)))
+            }
+            Some(s) => {
+                let parse = |v: &str| v.trim().parse::<i64>().ok();
+                match s.split_once("..").map(|(a, b)| (parse(a), parse(b))) {
+                    Some((Some(a), Some(b))) if 0 <= a && a < b => Ok((a, b)),
+                    _ => Err(ConfigError::Invalid(format!(
+                        "trace_steps {s:?} is not a window `a..b` with 0 <= a < b, e.g. 100..200"
+                    ))),
+                }
+            }
+        }
+    }
+
+    pub fn to_toml(&self) -> String {
+        toml::to_string_pretty(self).expect("config serializes")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn overrides_parse_toml_values_and_reject_unknown_fields() {
+        let cfg = TrainConfig::default()
+            .with_overrides(&["lr=1e-3".into(), "target-devices=[\"cpu\", \"cpu\"]".into(), "drafter_device=cpu".into()])
+            .unwrap();
+        assert_eq!(cfg.lr, 1e-3);
+        assert_eq!(cfg.target_devices, vec!["cpu", "cpu"]);
+        let e = TrainConfig::default().with_overrides(&["lrr=1".into()]).unwrap_err().to_string();
+        assert!(e.contains("unknown field `lrr`"), "{e}");
+        let e = TrainConfig::default().with_overrides(&["steps=abc".into()]).unwrap_err().to_string();
+        assert!(e.contains("steps"), "{e}");
+    }
+
+    #[test]
+    fn every_field_is_overridable() {
+        let table = toml::Table::try_from(TrainConfig { target: Some("x".into()), target_preset: Some("p".into()), data: Some("d".into()), synthetic_seq_len: Some(1), trace_steps: Some("1..2".into()), ..Default::default() }).unwrap();
+        let mut keys: Vec<&str> = table.keys().map(|k| k.as_str()).collect();
+        let mut names = TrainConfig::field_names();
+        keys.sort();
+        names.sort();
+        assert_eq!(keys, names);
+    }
+
+    #[test]
+    fn trace_window_parses_and_defaults_after_warmup() {
+        let c = TrainConfig { trace_steps: Some("100..200".into()), ..Default::default() };
+        assert_eq!(c.trace_window().unwrap(), (100, 200));
+        let c = TrainConfig { steps: 1000, ..Default::default() };
+        assert_eq!(c.trace_window().unwrap(), (5, 55));
+        let c = TrainConfig { trace_steps: Some("5..2".into()), ..Default::default() };
+        assert!(c.trace_window().is_err());
+    }
+}

@@ -1,0 +1,146 @@
+//! End to end on the CPU through the `dflash` binary: the embedded default learns,
+//! resume equals a straight run, shutdown propagates both ways, and user errors exit 2
+//! with one line naming the problem and leave no run directory behind.
+use std::path::Path;
+use std::process::Command;
+
+use assert_cmd::cargo::CommandCargoExt;
+
+/// A small slice of the embedded default: short sequences, few anchors.
+const SMALL: &[&str] = &["--set", "seq_len=128", "--set", "batch_tokens=1024", "--set", "num_anchors=16", "--quiet"];
+
+fn dflash() -> Command {
+    Command::cargo_bin("dflash").unwrap()
+}
+
+fn losses(run: &Path) -> Vec<f64> {
+    std::fs::read_to_string(run.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["loss"].as_f64().unwrap())
+        .collect()
+}
+
+fn mean(v: &[f64]) -> f64 {
+    v.iter().sum::<f64>() / v.len() as f64
+}
+
+#[test]
+fn default_slice_trains_and_the_loss_falls() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("run");
+    let out = dflash().args(["train", "--steps", "30", "--run-dir"]).arg(&run).args(SMALL).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let l = losses(&run);
+    assert_eq!(l.len(), 30);
+    assert!(mean(&l[25..]) < 0.85 * mean(&l[..5]), "{l:?}");
+    for f in ["config.toml", "summary.json", "drafter/config.json", "drafter/model.safetensors", "checkpoints/latest"] {
+        assert!(run.join(f).exists(), "{f}");
+    }
+}
+
+#[test]
+fn ten_steps_plus_resume_ten_equals_twenty_straight() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = (dir.path().join("a"), dir.path().join("b"));
+    let ok = |c: &mut Command| {
+        let o = c.output().unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    };
+    ok(dflash().args(["train", "--steps", "20", "--run-dir"]).arg(&a).args(SMALL));
+    ok(dflash().args(["train", "--steps", "20", "--stop-after", "10", "--run-dir"]).arg(&b).args(SMALL));
+    assert_eq!(losses(&b).len(), 10);
+    ok(dflash().args(["train", "--resume", "--run-dir"]).arg(&b).args(["--quiet"]));
+    let (la, lb) = (losses(&a), losses(&b));
+    assert_eq!(lb.len(), 20);
+    for (i, (x, y)) in la.iter().zip(&lb).enumerate() {
+        assert!((x - y).abs() <= 1e-4 * x.abs().max(1.0), "step {i}: {x} vs {y}");
+    }
+}
+
+fn fails_with(args: &[&str], code: i32, needle: &str) -> String {
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("run");
+    let out = dflash().arg("train").args(args).arg("--run-dir").arg(&run).args(SMALL).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    assert_eq!(out.status.code(), Some(code), "{err}");
+    assert!(err.contains(needle), "expected {needle:?} in: {err}");
+    err
+}
+
+#[test]
+fn a_failing_target_worker_stops_the_drafter_with_its_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dflash()
+        .env("DFLASH_INJECT_FAULT", "target:5")
+        .args(["train", "--steps", "30", "--run-dir"])
+        .arg(dir.path().join("r"))
+        .args(SMALL)
+        .timeout(std::time::Duration::from_secs(60))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("a target worker failed: injected fault"), "{err}");
+}
+
+#[test]
+fn a_failing_drafter_releases_the_target_workers() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dflash()
+        .env("DFLASH_INJECT_FAULT", "drafter:3")
+        .args(["train", "--steps", "30", "--set", "queue_capacity=1", "--run-dir"])
+        .arg(dir.path().join("r"))
+        .args(SMALL)
+        .timeout(std::time::Duration::from_secs(60))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("injected fault"), "{err}");
+}
+
+#[test]
+fn user_errors_exit_2_with_one_line_and_no_run_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    let bad_jsonl = dir.path().join("bad.jsonl");
+    std::fs::write(&bad_jsonl, "{\"input_ids\": [1, 2, 3]}\n{\"input_ids\": [1, 99999]}\n").unwrap();
+    let bad_target = dir.path().join("bad-target");
+    std::fs::create_dir(&bad_target).unwrap();
+    std::fs::write(bad_target.join("config.json"), "{\"hidden_size\": 8}").unwrap();
+    let cases: Vec<(Vec<String>, &str)> = vec![
+        (vec!["--data".into(), "/nonexistent/data.jsonl".into()], "cannot read data /nonexistent/data.jsonl"),
+        (vec!["--data".into(), bad_jsonl.display().to_string()], "bad.jsonl:2: token id 99999"),
+        (vec!["--target".into(), "/nonexistent/ckpt".into()], "is not a directory"),
+        (vec!["--target".into(), bad_target.display().to_string()], "missing field"),
+        (vec!["--set".into(), "target_layer_ids=[1, 99]".into()], "target layer id 99 is out of range"),
+        (vec!["--drafter-device".into(), "cuda:0".into()], "CUDA is not available"),
+        (vec!["--drafter-device".into(), "tpu".into()], "unknown device"),
+        (vec!["--set".into(), "lrr=1".into()], "unknown field `lrr`"),
+        (vec!["--set".into(), "block_size=1".into()], "block_size"),
+    ];
+    for (args, needle) in cases {
+        if needle.contains("CUDA") && tch::Cuda::is_available() {
+            continue;
+        }
+        let args: Vec<&str> = args.iter().map(|s| s.as_str()).collect();
+        let err = fails_with(&args, 2, needle);
+        assert_eq!(err.trim().lines().count(), 1, "one line: {err}");
+    }
+    // a run directory that already holds a run is not overwritten
+    let run = dir.path().join("done");
+    let o = dflash().args(["train", "--steps", "2", "--run-dir"]).arg(&run).args(SMALL).output().unwrap();
+    assert!(o.status.success());
+    let o = dflash().args(["train", "--steps", "2", "--run-dir"]).arg(&run).args(SMALL).output().unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("already holds a run"));
+}
+
+#[test]
+fn failed_setup_leaves_no_run_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("never");
+    let o = dflash().args(["train", "--data", "/nonexistent.txt", "--run-dir"]).arg(&run).args(SMALL).output().unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    assert!(!run.exists());
+}
