@@ -71,7 +71,8 @@ fn fails_with(args: &[&str], code: i32, needle: &str) -> String {
 #[test]
 fn a_failing_target_worker_stops_the_drafter_with_its_error() {
     let dir = tempfile::tempdir().unwrap();
-    let out = dflash()
+    let out = assert_cmd::Command::cargo_bin("dflash")
+        .unwrap()
         .env("DFLASH_INJECT_FAULT", "target:5")
         .args(["train", "--steps", "30", "--run-dir"])
         .arg(dir.path().join("r"))
@@ -87,7 +88,8 @@ fn a_failing_target_worker_stops_the_drafter_with_its_error() {
 #[test]
 fn a_failing_drafter_releases_the_target_workers() {
     let dir = tempfile::tempdir().unwrap();
-    let out = dflash()
+    let out = assert_cmd::Command::cargo_bin("dflash")
+        .unwrap()
         .env("DFLASH_INJECT_FAULT", "drafter:3")
         .args(["train", "--steps", "30", "--set", "queue_capacity=1", "--run-dir"])
         .arg(dir.path().join("r"))

@@ -270,6 +270,10 @@ fn target_loop(ctx: WorkerCtx) -> Result<(), String> {
     };
     let kind = compute_kind(ctx.device);
     let target = ctx.source.load(ctx.device, kind).map_err(|e| format!("loading the target: {e}"))?;
+    if let Some(s) = &stream {
+        // the drafter reads the embedding and lm_head from its own stream
+        s.synchronize().map_err(|e| e.to_string())?;
+    }
     if let Some(tx) = ctx.head_tx {
         let head = TargetHead {
             embed: target.model.embed_tokens.shallow_clone(),
