@@ -62,6 +62,30 @@ int dflash_cuda_use_new_stream(int device, int64_t* stream_id, void** raw) {
   })
 }
 
+// A stream from c10's pool that is NOT made current: for work that must not disturb the
+// calling thread's stream (the trace recorder's calibration events).
+int dflash_cuda_new_stream(int device, int64_t* stream_id, void** raw) {
+  SHIM_TRY({
+    auto s = c10::cuda::getStreamFromPool(false, static_cast<c10::DeviceIndex>(device));
+    *stream_id = s.id();
+    *raw = static_cast<void*>(s.stream());
+    return 0;
+  })
+}
+
+// Name (NUL-terminated, cut to `name_len`) and total memory of `device`.
+int dflash_cuda_device_properties(int device, char* name, size_t name_len, size_t* total_mem) {
+  cudaDeviceProp prop;
+  int rc = cuda_check(cudaGetDeviceProperties(&prop, device));
+  if (rc != 0) return rc;
+  if (name_len > 0) {
+    std::strncpy(name, prop.name, name_len - 1);
+    name[name_len - 1] = 0;
+  }
+  *total_mem = prop.totalGlobalMem;
+  return 0;
+}
+
 // The calling thread's current stream on `device`.
 int dflash_cuda_current_stream(int device, int64_t* stream_id, void** raw) {
   SHIM_TRY({

@@ -215,7 +215,8 @@ struct Item {
     batch: Batch,
     /// Recorded on the producer's stream after the features were computed.
     ready: Option<cuda::Event>,
-    flow: u64,
+    /// Flow id of the recorded `queue.put`, if it was recorded.
+    flow: Option<u64>,
 }
 
 /// The frozen pieces of the target the drafter borrows, sent once by worker 0.
@@ -246,6 +247,8 @@ struct WorkerCtx {
     loader: Arc<Mutex<Loader>>,
     queue: Arc<HiddenQueue<Item>>,
     head_tx: Option<crossbeam_channel::Sender<TargetHead>>,
+    /// Traced steps; batch N is consumed by step N.
+    window: (i64, i64),
 }
 
 fn target_worker(ctx: WorkerCtx) {
@@ -260,6 +263,7 @@ fn target_worker(ctx: WorkerCtx) {
 
 fn target_loop(ctx: WorkerCtx) -> Result<(), String> {
     trace::set_thread_name(&format!("target {} {}", ctx.index, device_name(ctx.device)));
+    trace::set_thread_recording(false);
     let stream = match ctx.device {
         Device::Cuda(i) => {
             let s = cuda::use_new_stream(i).map_err(|e| e.to_string())?;
@@ -291,6 +295,8 @@ fn target_loop(ctx: WorkerCtx) -> Result<(), String> {
         }
         let host = ctx.loader.lock().unwrap_or_else(|e| e.into_inner()).next_batch();
         let index = host.index;
+        // batch N feeds step N: record the batches of the traced steps, on this side too
+        trace::set_thread_recording((ctx.window.0..ctx.window.1).contains(&(index as i64)));
         let out = {
             let mut s = trace::gpu_span(trace_name!("target.forward"));
             s.arg("batch", index);
@@ -310,9 +316,11 @@ fn target_loop(ctx: WorkerCtx) -> Result<(), String> {
             }
             _ => None,
         };
-        let flow = trace::next_flow_id();
         let mut span = trace::queue_span(put_name);
-        span.flow_out(flow);
+        let flow = span.is_recording().then(trace::next_flow_id);
+        if let Some(id) = flow {
+            span.flow_out(id);
+        }
         let item = Item {
             batch: Batch { input_ids: host.input_ids, loss_mask: host.loss_mask, features, index },
             ready,
@@ -435,7 +443,8 @@ pub fn run(cfg: TrainConfig, opts: &RunOptions) -> Result<RunReport, TrainError>
             metadata,
             gpu,
             process_name: "dflash trainer".into(),
-            active: false,
+            // each thread records its own window (see set_thread_recording)
+            active: true,
             ..Default::default()
         };
         Some(Recorder::start(rc).map_err(|e| TrainError::Setup(format!("cannot start the trace: {e}")))?)
@@ -445,6 +454,7 @@ pub fn run(cfg: TrainConfig, opts: &RunOptions) -> Result<RunReport, TrainError>
 
     // the drafter side, started before the workers so the trace names the thread first
     trace::set_thread_name(&format!("drafter {}", device_name(plan.drafter_device)));
+    trace::set_thread_recording(false);
     let drafter_stream = match plan.drafter_device {
         Device::Cuda(i) => {
             let s = cuda::use_new_stream(i).map_err(TrainError::setup)?;
@@ -481,6 +491,7 @@ pub fn run(cfg: TrainConfig, opts: &RunOptions) -> Result<RunReport, TrainError>
             loader: loader.clone(),
             queue: queue.clone(),
             head_tx: (i == 0).then(|| head_tx.clone()),
+            window,
         };
         let h = std::thread::Builder::new()
             .name(format!("target-{i}"))
@@ -579,28 +590,30 @@ fn drafter_side(
             break;
         }
         let step = state.step;
-        if let Some(rec) = recorder {
-            if step == window.0 {
-                rec.set_active(true);
-            }
-            if step == window.1 {
-                rec.set_active(false);
-            }
-        }
+        trace::set_thread_recording((window.0..window.1).contains(&step));
         let t0 = Instant::now();
         let profiler_step = trace::step_span(step as u64);
         let (item, wait) = {
+            // the wait and the get are separate spans so the flow from queue.put always
+            // lands on a span that starts after the put began
+            let wait = {
+                let _w = trace::queue_span(trace_name!("queue.wait"));
+                queue.wait_ready()
+            };
             let mut span = trace::queue_span(get_name);
             let got = queue.get().map_err(|e| TrainError::Runtime(e.to_string()))?;
             let Some((item, info)) = got else {
                 return Err(TrainError::Runtime("the target workers stopped early".into()));
             };
-            span.flow_in(item.flow);
-            span.arg("wait_us", info.wait.as_secs_f64() * 1e6);
+            if let Some(flow) = item.flow {
+                span.flow_in(flow);
+            }
+            let wait = wait + info.wait;
+            span.arg("wait_us", wait.as_secs_f64() * 1e6);
             span.arg("depth", info.depth as u64);
             span.arg("batch", item.batch.index);
             trace::counter(trace_name!("queue"), "depth", info.depth as f64);
-            (item, info.wait)
+            (item, wait)
         };
         if let (Some(ev), Some(s)) = (&item.ready, stream) {
             s.wait_event(ev).map_err(TrainError::runtime)?;
@@ -651,7 +664,7 @@ fn drafter_side(
             log_window = (Instant::now(), 0, Duration::ZERO);
         }
         if let Some(rec) = recorder {
-            if cfg.summary_every > 0 && !cfg.sync_sections && rec.is_active() && state.step % cfg.summary_every == 0 && !opts.quiet {
+            if cfg.summary_every > 0 && !cfg.sync_sections && (window.0..window.1).contains(&step) && state.step % cfg.summary_every == 0 && !opts.quiet {
                 eprintln!("{}", live_summary(&rec.stats_snapshot(), trainer.drafter.layers.len()));
             }
         }
@@ -668,9 +681,7 @@ fn drafter_side(
         checkpoint::save(&opts.run_dir, &trainer, state).map_err(checkpoint_error)?;
         model::save_drafter(&trainer.vs, &trainer.drafter.cfg, &opts.run_dir.join("drafter")).map_err(checkpoint_error)?;
     }
-    if let Some(rec) = recorder {
-        rec.set_active(false);
-    }
+    trace::set_thread_recording(false);
     if !heldout.is_empty() && !report.stopped_by_signal {
         report.heldout_after = Some(evaluate(plan, &trainer, &heldout).map_err(TrainError::runtime)?);
     }

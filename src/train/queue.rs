@@ -98,6 +98,18 @@ impl<T> HiddenQueue<T> {
         }
     }
 
+    /// Blocks until an item is available or the queue is closed or finished, without
+    /// taking anything; returns how long it waited. With a single consumer the next
+    /// `get` then returns at once, so a trace can show the wait and the get apart.
+    pub fn wait_ready(&self) -> Duration {
+        let start = Instant::now();
+        let mut st = self.lock();
+        while st.items.is_empty() && st.closed.is_none() && st.producers > 0 {
+            st = self.not_empty.wait(st).unwrap_or_else(|e| e.into_inner());
+        }
+        start.elapsed()
+    }
+
     /// A producer is done (normally).
     pub fn producer_done(&self) {
         let mut st = self.lock();

@@ -81,7 +81,10 @@ pub fn section(name: Name, device: Device) -> Section {
         }
         _ => None,
     };
-    Section { _span: trace::gpu_span(name), sync }
+    let span = trace::gpu_span(name);
+    // only sections that are traced are compared with their GPU spans
+    let sync = sync.filter(|_| span.is_recording());
+    Section { _span: span, sync }
 }
 
 impl Drop for Section {

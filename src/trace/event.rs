@@ -1,0 +1,198 @@
+//! The fixed-size record a span leaves in its thread's ring: plain `Copy` data (an
+//! interned name, raw clock ticks, up to [`MAX_ARGS`] inline arguments, an optional pair
+//! of GPU events), so recording one is a copy into a preallocated slot, never an
+//! allocation.
+use super::names::Name;
+
+/// Arguments a span can carry; further [`Span::arg`](super::Span::arg) calls are ignored.
+pub const MAX_ARGS: usize = 4;
+
+/// A numeric span argument.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum ArgValue {
+    I64(i64),
+    U64(u64),
+    F64(f64),
+}
+
+macro_rules! arg_from {
+    ($($t:ty => $v:ident as $c:ty),* $(,)?) => {$(
+        impl From<$t> for ArgValue {
+            fn from(x: $t) -> Self {
+                ArgValue::$v(x as $c)
+            }
+        }
+    )*};
+}
+arg_from!(i64 => I64 as i64, i32 => I64 as i64, isize => I64 as i64,
+          u64 => U64 as u64, u32 => U64 as u64, usize => U64 as u64,
+          f64 => F64 as f64, f32 => F64 as f64);
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct Arg {
+    pub key: &'static str,
+    pub value: ArgValue,
+}
+
+pub(crate) const NO_ARG: Arg = Arg {
+    key: "",
+    value: ArgValue::I64(0),
+};
+
+/// What an event is; decides its `ph` and `cat`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Kind {
+    /// `cat:"cpu"` (plain and GPU-timed spans alike; the GPU half goes elsewhere).
+    Cpu,
+    Queue,
+    /// `ProfilerStep#<aux>`.
+    Step,
+    /// A `C` event: `args[0]` holds the key and value, `start` the time.
+    Counter,
+}
+
+/// The GPU half of a GPU-timed span: two backend events recorded on the launching
+/// thread's current stream, resolved later by the writer.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct GpuPart {
+    pub begin: u64,
+    pub end: u64,
+    pub stream: u64,
+    pub device: u32,
+    /// The device's calibration epoch when the tree's root began.
+    pub epoch: u32,
+    /// Spans of one thread nested under one outermost GPU span share a tree id; the
+    /// writer places a whole tree with one clock mapping so that it stays nested.
+    pub tree: u32,
+    pub root: bool,
+}
+
+/// One slot of a thread's ring. A span takes one [`Head`] slot, followed (written and
+/// published together) by `nargs` [`Slot::Arg`]s and a [`Slot::Gpu`] when `gpu`, so a
+/// plain span copies under one cache line.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Slot {
+    Head(Head),
+    Arg(Arg),
+    Gpu(GpuPart),
+}
+
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Head {
+    pub start: u64,
+    pub end: u64,
+    pub flow: u64,
+    pub aux: u64,
+    pub name: Name,
+    pub kind: Kind,
+    pub flow_in: bool,
+    pub flow_out: bool,
+    pub nargs: u8,
+    pub gpu: bool,
+}
+
+impl Head {
+    #[inline]
+    pub(crate) const fn new(name: Name, kind: Kind) -> Self {
+        Head {
+            start: 0,
+            end: 0,
+            flow: 0,
+            aux: 0,
+            name,
+            kind,
+            flow_in: false,
+            flow_out: false,
+            nargs: 0,
+            gpu: false,
+        }
+    }
+}
+
+/// A whole event, as the writer rebuilds it from a head and its continuation slots.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct RawEvent {
+    pub start: u64,
+    pub end: u64,
+    /// Flow (`bind_id`), 0 when none.
+    pub flow: u64,
+    /// Step number for [`Kind::Step`]; for other spans the thread's current step + 1 (0:
+    /// none), which GPU spans carry as `args.step`.
+    pub aux: u64,
+    pub name: Name,
+    pub kind: Kind,
+    pub flow_in: bool,
+    pub flow_out: bool,
+    pub nargs: u8,
+    pub args: [Arg; MAX_ARGS],
+    pub gpu: Option<GpuPart>,
+}
+
+impl RawEvent {
+    pub(crate) fn from_head(h: &Head) -> Self {
+        RawEvent {
+            start: h.start,
+            end: h.end,
+            flow: h.flow,
+            aux: h.aux,
+            name: h.name,
+            kind: h.kind,
+            flow_in: h.flow_in,
+            flow_out: h.flow_out,
+            nargs: 0,
+            args: [NO_ARG; MAX_ARGS],
+            gpu: None,
+        }
+    }
+
+    pub(crate) fn args(&self) -> &[Arg] {
+        &self.args[..self.nargs as usize]
+    }
+
+    /// Sets `key`, replacing an earlier value of the same key (JSON objects must not
+    /// repeat keys). Returns false when the inline array is full.
+    #[inline]
+    pub(crate) fn set_arg(&mut self, key: &'static str, value: ArgValue) -> bool {
+        let n = self.nargs as usize;
+        for a in &mut self.args[..n] {
+            if a.key == key {
+                a.value = value;
+                return true;
+            }
+        }
+        if n == MAX_ARGS {
+            return false;
+        }
+        self.args[n] = Arg { key, value };
+        self.nargs += 1;
+        true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn args_replace_and_cap() {
+        let mut e = RawEvent::from_head(&Head::new(Name(0), Kind::Cpu));
+        assert!(e.set_arg("a", 1i64.into()));
+        assert!(e.set_arg("a", 2u32.into()));
+        assert_eq!(e.args().len(), 1);
+        assert_eq!(e.args()[0].value, ArgValue::U64(2));
+        for k in ["b", "c", "d"] {
+            assert!(e.set_arg(k, 0.5f64.into()));
+        }
+        assert!(!e.set_arg("e", 1i64.into()));
+        assert_eq!(e.args().len(), MAX_ARGS);
+    }
+
+    #[test]
+    fn a_slot_fits_a_cache_line() {
+        assert!(
+            std::mem::size_of::<Slot>() <= 64,
+            "{}",
+            std::mem::size_of::<Slot>()
+        );
+    }
+}

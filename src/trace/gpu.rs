@@ -1,0 +1,300 @@
+//! GPU timing without synchronizing the training threads. The recorder sees a GPU only
+//! through [`GpuBackend`] (the CUDA implementation lives in `crate::cuda`; tests use
+//! [`MockGpu`](super::MockGpu)): a GPU-timed span records one backend event on the
+//! calling thread's current stream at begin and one at end, and the writer thread later
+//! asks, without blocking, whether they have completed and how far apart they are.
+//!
+//! Placing GPU spans on the CPU clock: a *calibration* records an event on a stream
+//! private to the backend, polls it until it completes and takes the CPU time seen then
+//! as that event's time (an upper bound, so GPU spans err late, never early). A span's
+//! GPU start is the calibration's CPU time plus the elapsed time between the calibration
+//! event and the span's begin event. Calibrations are refreshed at every file flush (so
+//! clock drift and `f32` elapsed-time precision stay small); each outermost GPU span
+//! remembers the calibration current when it began (its *epoch*) and the writer places
+//! its whole tree of nested GPU spans with that one mapping, so the tree stays nested.
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use std::time::Duration;
+
+use super::clock::{delta_ns, now};
+use super::event::GpuPart;
+use super::local::{GPU_ERRORS, RUNNING};
+
+/// Device indices at or above this are not GPU-timed.
+pub const MAX_DEVICES: usize = 64;
+
+/// An event handle of a [`GpuBackend`], opaque to the recorder (a `cudaEvent_t` for
+/// CUDA, an index for the mock).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct GpuEvent(pub u64);
+
+/// A device's entry in the file's `deviceProperties`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeviceProperties {
+    pub name: String,
+    pub total_global_mem: u64,
+}
+
+/// What a GPU backend reported as failing.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("GPU backend: {op} failed: {message}")]
+pub struct GpuError {
+    pub op: &'static str,
+    pub message: String,
+}
+
+/// A GPU as the recorder needs it. Implementations must be cheap on the span path
+/// ([`record`](Self::record) runs twice per GPU-timed span, budget ~1 us each) and must
+/// never block there; everything else runs on the writer thread.
+pub trait GpuBackend: Send + Sync {
+    /// Written as `metadata.gpu_timing`.
+    fn timing_name(&self) -> &'static str {
+        "cuda-events"
+    }
+
+    /// Number of devices (for `deviceProperties`).
+    fn device_count(&self) -> usize;
+
+    /// Name and memory of `device`, if known.
+    fn device_properties(&self, _device: usize) -> Option<DeviceProperties> {
+        None
+    }
+
+    /// A key of the calling thread's current stream on `device`, unique per device.
+    fn current_stream(&self, device: usize) -> Result<u64, GpuError>;
+
+    /// Takes an event from the backend's pool (creating one if the pool is empty) and
+    /// records it on the calling thread's current stream on `device`. Returns the event
+    /// and the stream's key (as [`current_stream`](Self::current_stream)).
+    fn record(&self, device: usize) -> Result<(GpuEvent, u64), GpuError>;
+
+    /// Like [`record`](Self::record), but on a stream private to the backend that
+    /// carries no other work, so the event completes as soon as the GPU reaches it.
+    fn record_calibration(&self, device: usize) -> Result<GpuEvent, GpuError>;
+
+    /// Whether `event` has completed. Must not block.
+    fn query(&self, event: GpuEvent) -> Result<bool, GpuError>;
+
+    /// Milliseconds from `start` to `end`; both completed, on one device.
+    fn elapsed_ms(&self, start: GpuEvent, end: GpuEvent) -> Result<f64, GpuError>;
+
+    /// Returns `event` to the pool of `device`.
+    fn release(&self, device: usize, event: GpuEvent);
+}
+
+/// The backend of the running recorder.
+static BACKEND: RwLock<Option<Arc<dyn GpuBackend>>> = RwLock::new(None);
+
+pub(crate) fn backend() -> Option<Arc<dyn GpuBackend>> {
+    BACKEND.read().unwrap_or_else(|p| p.into_inner()).clone()
+}
+
+pub(crate) fn set_backend(b: Option<Arc<dyn GpuBackend>>) {
+    *BACKEND.write().unwrap_or_else(|p| p.into_inner()) = b;
+}
+
+/// The epoch of each device's latest calibration; 0 while it has none (then GPU spans
+/// stay CPU-only, as a span without a calibration before it cannot be placed).
+static DEVICE_EPOCH: [AtomicU32; MAX_DEVICES] = [const { AtomicU32::new(0) }; MAX_DEVICES];
+
+/// One calibration: `event` completed at CPU tick `cpu_ticks` (or just before).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Cal {
+    pub epoch: u32,
+    pub event: GpuEvent,
+    pub cpu_ticks: u64,
+    /// Added to every span placed with this calibration, raised whenever a span would
+    /// otherwise start before the CPU span that launched it.
+    pub raise_ns: u64,
+}
+
+#[derive(Default)]
+pub(crate) struct CalStore {
+    next_epoch: u32,
+    pub devices: BTreeMap<usize, Vec<Cal>>,
+}
+
+static CALS: Mutex<CalStore> = Mutex::new(CalStore {
+    next_epoch: 0,
+    devices: BTreeMap::new(),
+});
+
+pub(crate) fn cals() -> MutexGuard<'static, CalStore> {
+    CALS.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Calibrations older than this many of their device's newer ones are dropped unless a
+/// pending span still refers to them (at one per flush, ~a minute of history).
+const CAL_HISTORY: usize = 64;
+/// A calibration whose event took longer than this to be seen complete is too loose to
+/// replace an existing one.
+const CAL_MAX_WINDOW_NS: u64 = 200_000;
+/// How long a calibration polls before giving up.
+const CAL_TIMEOUT: Duration = Duration::from_millis(50);
+
+/// Forgets all calibrations (a new recorder starts with a new backend).
+pub(crate) fn reset() {
+    let mut c = cals();
+    c.devices.clear();
+    c.next_epoch = 0;
+    for e in &DEVICE_EPOCH {
+        e.store(0, Ordering::Release);
+    }
+}
+
+/// Returns every calibration event to `b` and forgets them (the recorder finishes).
+pub(crate) fn release_cals(b: &dyn GpuBackend) {
+    let mut c = cals();
+    for (&device, list) in &c.devices {
+        for cal in list {
+            b.release(device, cal.event);
+        }
+    }
+    c.devices.clear();
+    drop(c);
+    reset();
+}
+
+/// Calibrates `device` unless it already has a calibration. Cold; runs on the caller.
+pub(crate) fn ensure_calibrated(device: usize) {
+    if device >= MAX_DEVICES
+        || !RUNNING.load(Ordering::Acquire)
+        || DEVICE_EPOCH[device].load(Ordering::Acquire) != 0
+    {
+        return;
+    }
+    if let Some(b) = backend() {
+        if calibrate(&*b, device).is_err() {
+            GPU_ERRORS.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+/// Records a calibration event for `device` and polls it to completion; publishes it as
+/// the device's newest epoch. A loose result (completion seen late) is kept only when
+/// the device has no calibration yet.
+pub(crate) fn calibrate(b: &dyn GpuBackend, device: usize) -> Result<(), GpuError> {
+    let t0 = now();
+    let ev = b.record_calibration(device)?;
+    let mut spins = 0u32;
+    let t1 = loop {
+        match b.query(ev) {
+            Ok(true) => break now(),
+            Ok(false) => {}
+            Err(e) => {
+                b.release(device, ev);
+                return Err(e);
+            }
+        }
+        if delta_ns(t0, now()) > CAL_TIMEOUT.as_nanos() as u64 {
+            b.release(device, ev);
+            return Err(GpuError {
+                op: "calibration",
+                message: format!("event did not complete within {CAL_TIMEOUT:?}"),
+            });
+        }
+        // Spin briefly (an idle stream completes in microseconds), then stop hogging
+        // a core.
+        spins += 1;
+        if spins < 2000 {
+            std::hint::spin_loop();
+        } else {
+            std::thread::sleep(Duration::from_micros(50));
+        }
+    };
+    let mut store = cals();
+    let list = store.devices.entry(device).or_default();
+    if !list.is_empty() && delta_ns(t0, t1) > CAL_MAX_WINDOW_NS {
+        drop(store);
+        b.release(device, ev);
+        return Ok(());
+    }
+    store.next_epoch += 1;
+    let epoch = store.next_epoch;
+    store.devices.entry(device).or_default().push(Cal {
+        epoch,
+        event: ev,
+        cpu_ticks: t1,
+        // Each calibration has its own error, so corrections are not inherited; the
+        // writer keeps consecutive spans of a stream from overlapping on its own.
+        raise_ns: 0,
+    });
+    DEVICE_EPOCH[device].store(epoch, Ordering::Release);
+    Ok(())
+}
+
+/// Drops calibrations of `device` that no pending span refers to (`keep_from`: the
+/// oldest epoch still referred to), keeping the newest [`CAL_HISTORY`].
+pub(crate) fn prune(b: &dyn GpuBackend, device: usize, keep_from: Option<u32>) {
+    let mut store = cals();
+    let Some(list) = store.devices.get_mut(&device) else {
+        return;
+    };
+    let n = list.len();
+    let mut i = 0;
+    list.retain(|c| {
+        i += 1;
+        let keep = i + CAL_HISTORY > n || keep_from.is_some_and(|k| c.epoch >= k);
+        if !keep {
+            b.release(device, c.event);
+        }
+        keep
+    });
+}
+
+/// Begin half of a GPU-timed span: records the begin event on the thread's current
+/// stream. `None` (span stays CPU-only) without a backend, a calibration or on error.
+pub(crate) fn record_begin(device: usize, tree: u32, root: bool) -> Option<GpuPart> {
+    let epoch = DEVICE_EPOCH.get(device)?.load(Ordering::Acquire);
+    if epoch == 0 {
+        return None;
+    }
+    let guard = BACKEND.read().unwrap_or_else(|p| p.into_inner());
+    let b = guard.as_ref()?;
+    match b.record(device) {
+        Ok((ev, stream)) => Some(GpuPart {
+            begin: ev.0,
+            end: 0,
+            stream,
+            device: device as u32,
+            epoch,
+            tree,
+            root,
+        }),
+        Err(_) => {
+            GPU_ERRORS.fetch_add(1, Ordering::Relaxed);
+            None
+        }
+    }
+}
+
+/// End half: records the end event. On failure releases the begin event and returns
+/// false (the span stays CPU-only).
+pub(crate) fn record_end(g: &mut GpuPart) -> bool {
+    let guard = BACKEND.read().unwrap_or_else(|p| p.into_inner());
+    let Some(b) = guard.as_ref() else {
+        return false;
+    };
+    match b.record(g.device as usize) {
+        Ok((ev, _)) => {
+            g.end = ev.0;
+            true
+        }
+        Err(_) => {
+            GPU_ERRORS.fetch_add(1, Ordering::Relaxed);
+            b.release(g.device as usize, GpuEvent(g.begin));
+            false
+        }
+    }
+}
+
+/// Returns both events of a span that will not be resolved.
+pub(crate) fn release_pair(g: &GpuPart) {
+    if let Some(b) = backend() {
+        b.release(g.device as usize, GpuEvent(g.begin));
+        if g.end != 0 {
+            b.release(g.device as usize, GpuEvent(g.end));
+        }
+    }
+}

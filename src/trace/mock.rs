@@ -1,0 +1,217 @@
+//! A scripted [`GpuBackend`] for tests and benches, so the GPU half of the recorder is
+//! exercised on machines without a GPU. Its "GPU clock" is the host's monotonic clock;
+//! each stream executes in order: an event recorded at host time `t` on a stream gets
+//! GPU time `max(t + launch_latency, previous event on the stream + work_per_event)` and
+//! completes once the host clock passes that time (unless [`MockGpu::hold`] is set).
+use std::cell::Cell;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use super::gpu::{DeviceProperties, GpuBackend, GpuError, GpuEvent};
+
+thread_local! {
+    static STREAM: Cell<u64> = const { Cell::new(7) };
+}
+
+#[derive(Clone, Copy)]
+struct Ev {
+    gpu_ns: i64,
+    /// Host time from which `query` reports it complete.
+    done_ns: i64,
+    in_use: bool,
+}
+
+#[derive(Default)]
+struct State {
+    events: Vec<Ev>,
+    free: Vec<usize>,
+    streams: HashMap<(usize, u64), i64>,
+    recorded: u64,
+}
+
+/// The mock GPU. Share it as `Arc<MockGpu>` and pass a clone as the recorder's backend.
+pub struct MockGpu {
+    epoch: Instant,
+    devices: usize,
+    /// Host-to-GPU delay of a recorded event.
+    pub launch_latency: Duration,
+    /// GPU time between consecutive events of a stream (the "kernels" between them).
+    pub work_per_event: Duration,
+    /// Added to the GPU time of calibration events while their completion time stays
+    /// put: a positive skew makes the recorder's mapping place spans too early, which it
+    /// must correct (no GPU span before its CPU span).
+    cal_skew_ns: AtomicI64,
+    hold: AtomicBool,
+    fail: AtomicBool,
+    state: Mutex<State>,
+}
+
+impl MockGpu {
+    pub fn new(devices: usize, launch_latency: Duration, work_per_event: Duration) -> Self {
+        MockGpu {
+            epoch: Instant::now(),
+            devices,
+            launch_latency,
+            work_per_event,
+            cal_skew_ns: AtomicI64::new(0),
+            hold: AtomicBool::new(false),
+            fail: AtomicBool::new(false),
+            state: Mutex::new(State::default()),
+        }
+    }
+
+    /// Sets the current stream key of the calling thread (default 7).
+    pub fn set_current_stream(stream: u64) {
+        STREAM.with(|s| s.set(stream));
+    }
+
+    pub fn set_cal_skew(&self, ns: i64) {
+        self.cal_skew_ns.store(ns, Ordering::Relaxed);
+    }
+
+    /// While set, no event completes (a busy GPU).
+    pub fn hold(&self, on: bool) {
+        self.hold.store(on, Ordering::Relaxed);
+    }
+
+    /// While set, recording fails.
+    pub fn fail_records(&self, on: bool) {
+        self.fail.store(on, Ordering::Relaxed);
+    }
+
+    /// Events taken from the pool and not yet released.
+    pub fn outstanding(&self) -> usize {
+        let s = self.lock();
+        s.events.iter().filter(|e| e.in_use).count()
+    }
+
+    /// Events recorded so far (calibrations included).
+    pub fn recorded(&self) -> u64 {
+        self.lock().recorded
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn host_ns(&self) -> i64 {
+        self.epoch.elapsed().as_nanos() as i64
+    }
+
+    fn take(&self, s: &mut State, gpu_ns: i64, done_ns: i64) -> GpuEvent {
+        s.recorded += 1;
+        let ev = Ev {
+            gpu_ns,
+            done_ns,
+            in_use: true,
+        };
+        let i = match s.free.pop() {
+            Some(i) => {
+                s.events[i] = ev;
+                i
+            }
+            None => {
+                s.events.push(ev);
+                s.events.len() - 1
+            }
+        };
+        // Handles start at 1: 0 means "no event" to the recorder.
+        GpuEvent(i as u64 + 1)
+    }
+
+    fn get(&self, s: &State, ev: GpuEvent) -> Result<Ev, GpuError> {
+        (ev.0 as usize)
+            .checked_sub(1)
+            .and_then(|i| s.events.get(i))
+            .filter(|e| e.in_use)
+            .copied()
+            .ok_or(GpuError {
+                op: "mock event",
+                message: format!("unknown or released event {}", ev.0),
+            })
+    }
+}
+
+impl GpuBackend for MockGpu {
+    fn timing_name(&self) -> &'static str {
+        "cuda-events"
+    }
+
+    fn device_count(&self) -> usize {
+        self.devices
+    }
+
+    fn device_properties(&self, _device: usize) -> Option<DeviceProperties> {
+        Some(DeviceProperties {
+            name: "Mock GPU".into(),
+            total_global_mem: 80 << 30,
+        })
+    }
+
+    fn current_stream(&self, _device: usize) -> Result<u64, GpuError> {
+        Ok(STREAM.with(Cell::get))
+    }
+
+    fn record(&self, device: usize) -> Result<(GpuEvent, u64), GpuError> {
+        if self.fail.load(Ordering::Relaxed) || device >= self.devices {
+            return Err(GpuError {
+                op: "mock record",
+                message: "scripted failure".into(),
+            });
+        }
+        let stream = STREAM.with(Cell::get);
+        let now = self.host_ns();
+        let mut s = self.lock();
+        let prev = s.streams.get(&(device, stream)).copied();
+        let t = match prev {
+            Some(p) => (now + self.launch_latency.as_nanos() as i64)
+                .max(p + self.work_per_event.as_nanos() as i64),
+            None => now + self.launch_latency.as_nanos() as i64,
+        };
+        s.streams.insert((device, stream), t);
+        Ok((self.take(&mut s, t, t), stream))
+    }
+
+    fn record_calibration(&self, device: usize) -> Result<GpuEvent, GpuError> {
+        if device >= self.devices {
+            return Err(GpuError {
+                op: "mock calibration",
+                message: format!("no device {device}"),
+            });
+        }
+        let now = self.host_ns();
+        let skew = self.cal_skew_ns.load(Ordering::Relaxed);
+        let mut s = self.lock();
+        // A skewed calibration event completes on time; only its reported GPU time is
+        // off.
+        Ok(self.take(&mut s, now + skew, now))
+    }
+
+    fn query(&self, ev: GpuEvent) -> Result<bool, GpuError> {
+        let s = self.lock();
+        let e = self.get(&s, ev)?;
+        if self.hold.load(Ordering::Relaxed) {
+            return Ok(false);
+        }
+        Ok(self.host_ns() >= e.done_ns)
+    }
+
+    fn elapsed_ms(&self, start: GpuEvent, end: GpuEvent) -> Result<f64, GpuError> {
+        let s = self.lock();
+        let a = self.get(&s, start)?;
+        let b = self.get(&s, end)?;
+        Ok((b.gpu_ns - a.gpu_ns) as f64 / 1e6)
+    }
+
+    fn release(&self, _device: usize, ev: GpuEvent) {
+        let mut s = self.lock();
+        if let Some(i) = (ev.0 as usize).checked_sub(1) {
+            if s.events.get(i).is_some_and(|e| e.in_use) {
+                s.events[i].in_use = false;
+                s.free.push(i);
+            }
+        }
+    }
+}

@@ -1,0 +1,313 @@
+//! The [`Recorder`] handle: starts a trace file and its writer thread, switches
+//! recording on and off for a window of steps, hands out live statistics, and finishes
+//! the file. One recorder runs at a time in a process (the span functions are global).
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
+use std::sync::{mpsc, Arc};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use super::clock::{clock, Timebase};
+use super::gpu::{self, GpuBackend, MAX_DEVICES};
+use super::local::{registry, ACTIVE, DROPPED, GPU_ERRORS, RUNNING};
+use super::resolve::Resolver;
+use super::writer::{snapshot, Cmd, Out, SharedStats, Writer};
+use super::{NameStats, Stats, Summary};
+
+/// Errors of the recorder.
+#[derive(Debug, thiserror::Error)]
+pub enum TraceError {
+    #[error("cannot create trace file {path}: {source}")]
+    Create {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("a trace recorder is already running in this process")]
+    AlreadyRunning,
+    #[error("cannot start the trace writer thread: {0}")]
+    Spawn(std::io::Error),
+    #[error("the trace writer thread is gone (it panicked)")]
+    WriterGone,
+    #[error("trace writer: {0}")]
+    Write(String),
+    #[error("trace metadata cannot be serialized: {0}")]
+    Metadata(#[from] serde_json::Error),
+}
+
+/// `distributedInfo` of the file (HTA requires `rank`).
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct DistributedInfo {
+    pub backend: String,
+    pub rank: u32,
+    pub world_size: u32,
+}
+
+impl Default for DistributedInfo {
+    fn default() -> Self {
+        DistributedInfo {
+            backend: "none".into(),
+            rank: 0,
+            world_size: 1,
+        }
+    }
+}
+
+/// How to start a [`Recorder`]. `RecorderConfig { path, ..Default::default() }` is a
+/// CPU-only trace, recording from the start, flushed every 500 ms.
+#[derive(Clone)]
+pub struct RecorderConfig {
+    /// `trace.json`, or `trace.json.gz` with `gzip`.
+    pub path: PathBuf,
+    pub gzip: bool,
+    /// Written as the top-level `metadata` object; `gpu_timing` is added unless present.
+    pub metadata: serde_json::Value,
+    /// At most this much recorded time is lost if the process is killed. Default 500 ms.
+    pub flush_interval: Duration,
+    /// GPU timing backend; `None` records no GPU spans (`gpu_timing: "none"`).
+    pub gpu: Option<Arc<dyn GpuBackend>>,
+    /// `process_name` of the recording process's track. Default "trainer".
+    pub process_name: String,
+    pub distributed: DistributedInfo,
+    /// Whether spans record from the start (else from the first `set_active(true)`).
+    /// Default true.
+    pub active: bool,
+}
+
+impl Default for RecorderConfig {
+    fn default() -> Self {
+        RecorderConfig {
+            path: PathBuf::from("trace.json"),
+            gzip: false,
+            metadata: serde_json::Value::Object(Default::default()),
+            flush_interval: Duration::from_millis(500),
+            gpu: None,
+            process_name: "trainer".into(),
+            distributed: DistributedInfo::default(),
+            active: true,
+        }
+    }
+}
+
+/// The running recorder. Dropping it finishes the file (errors ignored); call
+/// [`finish`](Self::finish) to see them.
+pub struct Recorder {
+    tx: mpsc::Sender<Cmd>,
+    join: Option<JoinHandle<()>>,
+    stats: SharedStats,
+    path: PathBuf,
+}
+
+/// Unsets [`RUNNING`] unless defused, so a failed start leaves the process clean.
+struct StartGuard(bool);
+impl Drop for StartGuard {
+    fn drop(&mut self) {
+        if !self.0 {
+            gpu::set_backend(None);
+            gpu::reset();
+            RUNNING.store(false, Ordering::Release);
+        }
+    }
+}
+
+impl Recorder {
+    /// Creates the file, writes its header and starts the writer thread. Fails if the
+    /// file cannot be created or another recorder is running.
+    pub fn start(cfg: RecorderConfig) -> Result<Recorder, TraceError> {
+        if RUNNING
+            .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
+            .is_err()
+        {
+            return Err(TraceError::AlreadyRunning);
+        }
+        let mut guard = StartGuard(false);
+        // Calibrates the TSC once per process (up to ~200 ms) before any span needs it.
+        let _ = clock();
+        let mut out = Out::create(&cfg.path, cfg.gzip).map_err(|source| TraceError::Create {
+            path: cfg.path.clone(),
+            source,
+        })?;
+        gpu::reset();
+        gpu::set_backend(cfg.gpu.clone());
+        DROPPED.store(0, Ordering::Relaxed);
+        GPU_ERRORS.store(0, Ordering::Relaxed);
+        let tb = Timebase::now();
+        let header = header(&cfg, &tb)?;
+        out.write_all(header.as_bytes())
+            .map_err(|source| TraceError::Create {
+                path: cfg.path.clone(),
+                source,
+            })?;
+        // Threads bound before the recorder started get their device calibrated now.
+        for slot in registry() {
+            let dev = slot.meta().gpu.as_ref().map(|g| g.0);
+            if let Some(d) = dev {
+                gpu::ensure_calibrated(d);
+            }
+        }
+        let stats = SharedStats::default();
+        let mut writer = Writer::new(
+            out,
+            cfg.path.clone(),
+            trainer_pid(),
+            tb,
+            cfg.flush_interval.max(Duration::from_millis(1)),
+            cfg.gpu.clone().map(Resolver::new),
+            stats.clone(),
+        );
+        writer.process_meta(&cfg.process_name);
+        let (tx, rx) = mpsc::channel();
+        let join = std::thread::Builder::new()
+            .name("trace-writer".into())
+            .spawn(move || writer.run(rx))
+            .map_err(TraceError::Spawn)?;
+        guard.0 = true;
+        ACTIVE.store(cfg.active, Ordering::Release);
+        Ok(Recorder {
+            tx,
+            join: Some(join),
+            stats,
+            path: cfg.path,
+        })
+    }
+
+    /// Starts or stops recording (the traced step window). Spans that began while
+    /// active are still recorded when they end.
+    pub fn set_active(&self, active: bool) {
+        ACTIVE.store(active, Ordering::Release);
+    }
+
+    pub fn is_active(&self) -> bool {
+        ACTIVE.load(Ordering::Relaxed)
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Drains every thread's events into the file and flushes it; returns once done.
+    /// GPU spans whose events have not completed yet follow later.
+    pub fn flush(&self) -> Result<(), TraceError> {
+        let (ack, done) = mpsc::channel();
+        self.tx
+            .send(Cmd::Flush(ack))
+            .map_err(|_| TraceError::WriterGone)?;
+        done.recv().map_err(|_| TraceError::WriterGone)
+    }
+
+    /// Per-name totals of the spans the writer has processed since the last snapshot
+    /// (it drains every <= 100 ms, so the newest spans may be in the next one). GPU
+    /// totals count GPU spans as they resolve.
+    pub fn stats_snapshot(&self) -> Stats {
+        Stats {
+            names: snapshot(&self.stats),
+            dropped_events: DROPPED.load(Ordering::Relaxed),
+            gpu_errors: GPU_ERRORS.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Stops recording, writes the remaining events (waiting up to 2 s for outstanding
+    /// GPU spans), closes the `traceEvents` array and the file.
+    pub fn finish(mut self) -> Result<Summary, TraceError> {
+        self.finish_inner()
+    }
+
+    fn finish_inner(&mut self) -> Result<Summary, TraceError> {
+        let Some(join) = self.join.take() else {
+            return Err(TraceError::WriterGone);
+        };
+        ACTIVE.store(false, Ordering::Release);
+        let (ack, done) = mpsc::channel();
+        let sent = self.tx.send(Cmd::Finish(ack)).is_ok();
+        let result = if sent { done.recv().ok() } else { None };
+        let joined = join.join();
+        if let Some(b) = gpu::backend() {
+            gpu::release_cals(&*b);
+        }
+        gpu::set_backend(None);
+        gpu::reset();
+        RUNNING.store(false, Ordering::Release);
+        match (result, joined) {
+            (Some(Ok(s)), Ok(())) => Ok(s),
+            (Some(Err(e)), _) => Err(TraceError::Write(e)),
+            _ => Err(TraceError::WriterGone),
+        }
+    }
+}
+
+impl Drop for Recorder {
+    fn drop(&mut self) {
+        if self.join.is_some() {
+            let _ = self.finish_inner();
+        }
+    }
+}
+
+impl Stats {
+    /// One line for a progress display: the `n` names with most CPU time.
+    pub fn summary_line(&self, n: usize) -> String {
+        let mut s = String::new();
+        for (i, e) in self.names.iter().take(n).enumerate() {
+            if i > 0 {
+                s.push_str("  ");
+            }
+            let _ = write!(s, "{} {:.1}ms", e.text, e.cpu_ns as f64 / 1e6);
+            if e.gpu_count > 0 {
+                let _ = write!(s, "/{:.1}ms gpu", e.gpu_ns as f64 / 1e6);
+            }
+        }
+        s
+    }
+
+    pub fn get(&self, text: &str) -> Option<&NameStats> {
+        self.names.iter().find(|e| &*e.text == text)
+    }
+}
+
+/// The trainer's `pid`: the OS process id, moved above the device range when it is
+/// small (PID 1 in a container) so it cannot collide with a GPU's pid.
+fn trainer_pid() -> u32 {
+    let pid = std::process::id();
+    if (pid as usize) < MAX_DEVICES {
+        pid + (1 << 20)
+    } else {
+        pid
+    }
+}
+
+fn header(cfg: &RecorderConfig, tb: &Timebase) -> Result<String, TraceError> {
+    let mut metadata = match &cfg.metadata {
+        serde_json::Value::Object(m) => m.clone(),
+        serde_json::Value::Null => Default::default(),
+        other => {
+            let mut m = serde_json::Map::new();
+            m.insert("value".into(), other.clone());
+            m
+        }
+    };
+    let timing = cfg.gpu.as_ref().map_or("none", |g| g.timing_name());
+    metadata
+        .entry("gpu_timing")
+        .or_insert_with(|| serde_json::Value::from(timing));
+    let devices: Vec<serde_json::Value> = match &cfg.gpu {
+        Some(g) => (0..g.device_count())
+            .filter_map(|i| {
+                g.device_properties(i).map(|p| {
+                    serde_json::json!({"id": i, "name": p.name, "totalGlobalMem": p.total_global_mem})
+                })
+            })
+            .collect(),
+        None => Vec::new(),
+    };
+    let mut h = String::new();
+    let _ = write!(
+        h,
+        "{{\"schemaVersion\":1,\"displayTimeUnit\":\"ns\",\"baseTimeNanoseconds\":{},\n\
+         \"distributedInfo\":{},\n\"deviceProperties\":{},\n\"metadata\":{},\n\"traceEvents\":[\n",
+        tb.base_unix_ns,
+        serde_json::to_string(&cfg.distributed)?,
+        serde_json::to_string(&devices)?,
+        serde_json::to_string(&metadata)?,
+    );
+    Ok(h)
+}
