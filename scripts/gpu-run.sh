@@ -13,7 +13,7 @@
 set -euo pipefail
 bin="${1:-target/release/dflash}"
 out="${2:-gpu-runs}"
-reps="${REPS:-3}"
+reps="${REPS:-5}"
 py="${PYTHON:-python3}"
 torch_dir="$("$py" -c 'import torch, os; print(os.path.dirname(torch.__file__))')"
 site="$(dirname "$torch_dir")"
@@ -34,10 +34,14 @@ run() { local name="$1"; shift; echo "== $name: $*"; "$bin" train "${common[@]}"
 run perf --steps 60 --trace "$out/perf" --trace-steps 20..40 --trace-gzip
 run perf-notrace --steps 60 --run-dir "$out/perf-notrace"
 run fidelity --steps 30 --trace "$out/fidelity" --trace-steps 10..25 --trace-gzip --set sync_sections=true
+# trace overhead: same binary, interleaved, every step traced
 for i in $(seq 1 "$reps"); do
-  run "overhead-notrace-$i" --steps 60 --run-dir "$out/overhead-notrace-$i"
-  run "overhead-trace-$i" --steps 60 --trace "$out/overhead-trace-$i" --trace-steps 0..60 --trace-gzip
+  run "overhead-notrace-$i" --steps 100 --run-dir "$out/overhead-notrace-$i"
+  run "overhead-trace-$i" --steps 100 --trace "$out/overhead-trace-$i" --trace-steps 0..100 --trace-gzip
 done
+# CPU cost of one GPU-timed span
+example="$(dirname "$bin")/examples/gpu_span_cost"
+if [[ -x "$example" ]]; then "$example" | tee "$out/gpu_span_cost.txt"; fi
 run fixture-a --steps 14 --trace "$out/fixture-a" --trace-steps 6..14 --trace-gzip
 run fixture-b --steps 14 --trace "$out/fixture-b" --trace-steps 6..14 --trace-gzip --set num_anchors=512
 echo "done: $out"

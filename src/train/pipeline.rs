@@ -267,7 +267,7 @@ fn target_loop(ctx: WorkerCtx) -> Result<(), String> {
     let stream = match ctx.device {
         Device::Cuda(i) => {
             let s = cuda::use_new_stream(i).map_err(|e| e.to_string())?;
-            trace::bind_gpu(i, &format!("stream {} (target {})", s.id(), ctx.index));
+            trace::bind_gpu(i, &format!("target {}", ctx.index));
             Some(s)
         }
         _ => None,
@@ -458,7 +458,7 @@ pub fn run(cfg: TrainConfig, opts: &RunOptions) -> Result<RunReport, TrainError>
     let drafter_stream = match plan.drafter_device {
         Device::Cuda(i) => {
             let s = cuda::use_new_stream(i).map_err(TrainError::setup)?;
-            trace::bind_gpu(i, &format!("stream {} (drafter)", s.id()));
+            trace::bind_gpu(i, "drafter");
             Some(s)
         }
         _ => None,
