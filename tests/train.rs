@@ -146,3 +146,46 @@ fn failed_setup_leaves_no_run_directory() {
     assert_eq!(o.status.code(), Some(2));
     assert!(!run.exists());
 }
+
+/// The threaded pipeline (target worker -> queue -> drafter) computes exactly what a
+/// single-thread loop over the same library calls computes.
+#[test]
+fn pipeline_equals_the_single_thread_path() {
+    use dflash::model;
+    use dflash::train::config::TrainConfig;
+    use dflash::train::data::{self, bytes, Loader};
+    use dflash::train::optim::{lr_at, AdamWConfig};
+    use dflash::train::pipeline::{self, step_seed};
+    use dflash::train::step::{Batch, DrafterTrainer, StepConfig};
+    use rand::SeedableRng;
+    use tch::{Device, Kind, Tensor};
+
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("run");
+    let steps = 6;
+    let out = dflash().args(["train", "--steps", &steps.to_string(), "--set", "queue_capacity=3", "--run-dir"]).arg(&run).args(SMALL).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let threaded = losses(&run);
+
+    let cfg = TrainConfig::default()
+        .with_overrides(&["seq_len=128".into(), "batch_tokens=1024".into(), "num_anchors=16".into()])
+        .unwrap();
+    let target = model::load_target(&pipeline::default_target_dir(), Device::Cpu, Kind::Float).unwrap();
+    let tcfg = target.model.cfg.clone();
+    let dcfg = model::DrafterConfig::for_target(&tcfg, cfg.drafter_layers, cfg.block_size, bytes::MASK);
+    let d = model::new_drafter(&dcfg, &tcfg, Device::Cpu, cfg.seed as i64).unwrap();
+    let step_cfg = StepConfig { num_anchors: cfg.num_anchors, gamma: 4.0, chunk_blocks: cfg.chunk_blocks, grad_clip: cfg.grad_clip };
+    let mut trainer = DrafterTrainer::new(d.model, d.vs, &target.model.embed_tokens, &target.model.lm_head, Kind::Float, step_cfg, AdamWConfig::default()).unwrap();
+    let ds = data::load(&pipeline::default_corpus(), cfg.seq_len, tcfg.vocab_size, cfg.heldout_fraction).unwrap();
+    let mut loader = Loader::new(ds.train, cfg.batch_tokens, cfg.seed, bytes::PAD, 0);
+    let warmup = (steps as f64 * cfg.warmup_ratio).round() as i64;
+    for step in 0..steps {
+        let host = loader.next_batch();
+        let out = tch::no_grad(|| target.model.forward(&host.input_ids, &dcfg.target_layer_ids, false)).unwrap();
+        let batch = Batch { input_ids: host.input_ids, loss_mask: host.loss_mask, features: Tensor::cat(&out.hidden, -1), index: host.index };
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(step_seed(cfg.seed, step));
+        let m = trainer.train_step(&batch, &mut rng, lr_at(step, steps, warmup, cfg.lr)).unwrap();
+        let t = threaded[step as usize];
+        assert!((m.loss - t).abs() <= 1e-5 * t.abs(), "step {step}: single-thread {} vs pipeline {t}", m.loss);
+    }
+}

@@ -81,6 +81,12 @@ pub struct RunReport {
     pub trace: Option<PathBuf>,
 }
 
+/// Seed of step `step`'s anchor draw: a function of the run seed and the step alone, so a
+/// resumed run draws what the straight run drew.
+pub fn step_seed(seed: u64, step: i64) -> u64 {
+    seed ^ (step as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15)
+}
+
 /// Parses `cpu`, `cuda` or `cuda:N`, checking that the device exists.
 pub fn parse_device(s: &str) -> Result<Device, TrainError> {
     let s = s.trim();
@@ -620,7 +626,7 @@ fn drafter_side(
             cuda::record_stream(&item.batch.features, s).map_err(TrainError::runtime)?;
         }
         let lr = lr_at(step, cfg.steps, warmup, cfg.lr);
-        let mut rng = ChaCha8Rng::seed_from_u64(cfg.seed ^ (step as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15));
+        let mut rng = ChaCha8Rng::seed_from_u64(step_seed(cfg.seed, step));
         let m: StepMetrics = {
             let mut span = trace::span(trace_name!("drafter.step"));
             let m = trainer.train_step(&item.batch, &mut rng, lr).map_err(TrainError::runtime)?;
