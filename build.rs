@@ -17,7 +17,10 @@ fn main() {
     println!("cargo:rustc-link-arg=-Wl,--as-needed");
     println!("cargo:rustc-link-arg=-Wl,-rpath,{}", lib.display());
 
-    let torch = lib.parent().expect("libtorch lib dir has a parent").to_path_buf();
+    let torch = lib
+        .parent()
+        .expect("libtorch lib dir has a parent")
+        .to_path_buf();
     let nvidia = env::var("DFLASH_NVIDIA_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|_| torch.parent().expect("site-packages").join("nvidia"));

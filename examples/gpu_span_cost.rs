@@ -28,7 +28,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         std::process::exit(2);
     }
     let gpu: Arc<dyn trace::GpuBackend> = Arc::new(cuda::CudaEvents::new()?);
-    let rec = Recorder::start(RecorderConfig { path: "/dev/null".into(), gpu: Some(gpu), ..Default::default() })?;
+    let rec = Recorder::start(RecorderConfig {
+        path: "/dev/null".into(),
+        gpu: Some(gpu),
+        ..Default::default()
+    })?;
     let _stream = cuda::use_new_stream(0)?;
     trace::bind_gpu(0, "bench");
     let name = dflash::trace_name!("bench.gpu_section");
@@ -40,6 +44,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("gpu_span (2 event records): best {gmin:.0} ns, median {gmed:.0} ns per span");
     println!("cpu span:                   best {cmin:.0} ns, median {cmed:.0} ns per span");
     let s = rec.finish()?;
-    println!("gpu spans written {}, dropped {}, errors {}", s.gpu_spans, s.gpu_spans_dropped, s.gpu_errors);
+    println!(
+        "gpu spans written {}, dropped {}, errors {}",
+        s.gpu_spans, s.gpu_spans_dropped, s.gpu_errors
+    );
     Ok(())
 }

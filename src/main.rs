@@ -112,7 +112,9 @@ fn train(args: TrainArgs) -> anyhow::Result<()> {
         // the run's own configuration, with this command's overrides on top
         let saved = run_dir.join("config.toml");
         let base = TrainConfig::from_file(&saved).map_err(|e| usage(format!("--resume: {e}")))?;
-        let fresh = TrainConfig::default().with_overrides(&args.sets).map_err(usage)?;
+        let fresh = TrainConfig::default()
+            .with_overrides(&args.sets)
+            .map_err(usage)?;
         cfg = merge_changed(base, &cfg, &fresh);
     }
     let opts = RunOptions {
@@ -143,7 +145,11 @@ fn train(args: TrainArgs) -> anyhow::Result<()> {
             );
         }
         if let Some(t) = &report.trace {
-            eprintln!("trace: {} (open in https://ui.perfetto.dev, or run dflash-analyze breakdown {})", t.display(), run_dir.display());
+            eprintln!(
+                "trace: {} (open in https://ui.perfetto.dev, or run dflash-analyze breakdown {})",
+                t.display(),
+                run_dir.display()
+            );
         }
     }
     Ok(())
@@ -165,10 +171,18 @@ fn merge_changed(saved: TrainConfig, now: &TrainConfig, defaults: &TrainConfig) 
 }
 
 fn pretrain_target(args: PretrainArgs) -> anyhow::Result<()> {
-    let model_cfg = Qwen3Config::preset(&args.preset).ok_or_else(|| usage(format!("unknown --preset {:?}: use tiny", args.preset)))?;
+    let model_cfg = Qwen3Config::preset(&args.preset)
+        .ok_or_else(|| usage(format!("unknown --preset {:?}: use tiny", args.preset)))?;
     let text = pretrain::read_corpus(&args.corpus).map_err(usage)?;
-    let cfg = PretrainConfig { steps: args.steps, batch: args.batch, seq_len: args.seq_len, lr: args.lr, seed: args.seed };
-    let (first, last, held) = pretrain::pretrain(&text, &model_cfg, &cfg, &args.out, false).context("pretraining the target")?;
+    let cfg = PretrainConfig {
+        steps: args.steps,
+        batch: args.batch,
+        seq_len: args.seq_len,
+        lr: args.lr,
+        seed: args.seed,
+    };
+    let (first, last, held) = pretrain::pretrain(&text, &model_cfg, &cfg, &args.out, false)
+        .context("pretraining the target")?;
     eprintln!(
         "pretrained {}: train loss {first:.3} -> {last:.3}, held-out loss {held:.3} ({:.2} bits/byte)",
         args.out.display(),

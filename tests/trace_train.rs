@@ -10,18 +10,32 @@ use std::time::Duration;
 use assert_cmd::cargo::CommandCargoExt;
 use serde_json::Value;
 
-const SMALL: &[&str] = &["--set", "seq_len=128", "--set", "batch_tokens=1024", "--set", "num_anchors=16", "--quiet"];
+const SMALL: &[&str] = &[
+    "--set",
+    "seq_len=128",
+    "--set",
+    "batch_tokens=1024",
+    "--set",
+    "num_anchors=16",
+    "--quiet",
+];
 
 fn dflash() -> Command {
     Command::cargo_bin("dflash").unwrap()
 }
 
 fn load(path: &Path) -> Value {
-    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).expect("a complete trace is valid JSON")
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap())
+        .expect("a complete trace is valid JSON")
 }
 
 fn spans(trace: &Value) -> Vec<&Value> {
-    trace["traceEvents"].as_array().unwrap().iter().filter(|e| e["ph"] == "X").collect()
+    trace["traceEvents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["ph"] == "X")
+        .collect()
 }
 
 #[test]
@@ -34,7 +48,11 @@ fn cpu_trace_has_every_section_nested_with_metadata() {
         .args(SMALL)
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let trace = load(&run.join("trace.json"));
 
     // metadata and HTA compatibility
@@ -43,67 +61,150 @@ fn cpu_trace_has_every_section_nested_with_metadata() {
     assert_eq!(md["gpu_timing"], "none", "CPU-only runs say so");
     assert_eq!(md["trace_steps"], "2..6");
     assert!(md["config"]["steps"] == 8 && md["devices"].as_array().is_some_and(|d| !d.is_empty()));
-    assert!(md["torch_version"].is_string() && md["git_revision"].is_string() && md["dflash_version"].is_string());
+    assert!(
+        md["torch_version"].is_string()
+            && md["git_revision"].is_string()
+            && md["dflash_version"].is_string()
+    );
     assert_eq!(trace["distributedInfo"]["rank"], 0);
 
     let xs = spans(&trace);
     let names: BTreeSet<&str> = xs.iter().map(|e| e["name"].as_str().unwrap()).collect();
     let mut required: Vec<String> = [
-        "target.forward", "target.extract", "queue.put", "queue.get", "drafter.step", "drafter.h2d",
-        "drafter.anchors", "drafter.noise_embed", "drafter.rope", "drafter.mask", "drafter.fc", "drafter.norm",
-        "drafter.lm_head_loss", "drafter.backward", "drafter.clip", "drafter.optimizer",
+        "target.forward",
+        "target.extract",
+        "queue.put",
+        "queue.get",
+        "drafter.step",
+        "drafter.h2d",
+        "drafter.anchors",
+        "drafter.noise_embed",
+        "drafter.rope",
+        "drafter.mask",
+        "drafter.fc",
+        "drafter.norm",
+        "drafter.lm_head_loss",
+        "drafter.backward",
+        "drafter.clip",
+        "drafter.optimizer",
     ]
     .iter()
     .map(|s| s.to_string())
     .collect();
     for i in 0..2 {
-        required.extend([format!("drafter.layer.{i}"), format!("drafter.layer.{i}.attn"), format!("drafter.layer.{i}.mlp")]);
+        required.extend([
+            format!("drafter.layer.{i}"),
+            format!("drafter.layer.{i}.attn"),
+            format!("drafter.layer.{i}.mlp"),
+        ]);
     }
     for r in &required {
         assert!(names.contains(r.as_str()), "missing {r}");
     }
     // traced steps only: ProfilerStep#2..#5, each with a drafter.step carrying args
-    let steps: Vec<&&Value> = xs.iter().filter(|e| e["name"].as_str().unwrap().starts_with("ProfilerStep#")).collect();
+    let steps: Vec<&&Value> = xs
+        .iter()
+        .filter(|e| e["name"].as_str().unwrap().starts_with("ProfilerStep#"))
+        .collect();
     let ids: BTreeSet<&str> = steps.iter().map(|e| e["name"].as_str().unwrap()).collect();
-    assert_eq!(ids, BTreeSet::from(["ProfilerStep#2", "ProfilerStep#3", "ProfilerStep#4", "ProfilerStep#5"]));
+    assert_eq!(
+        ids,
+        BTreeSet::from([
+            "ProfilerStep#2",
+            "ProfilerStep#3",
+            "ProfilerStep#4",
+            "ProfilerStep#5"
+        ])
+    );
     for e in xs.iter().filter(|e| e["name"] == "drafter.step") {
-        assert!(e["args"]["step"].is_u64() && e["args"]["tokens"].as_u64().unwrap() > 0 && e["args"]["loss"].is_f64());
+        assert!(
+            e["args"]["step"].is_u64()
+                && e["args"]["tokens"].as_u64().unwrap() > 0
+                && e["args"]["loss"].is_f64()
+        );
     }
-    for e in xs.iter().filter(|e| e["name"] == "queue.put" || e["name"] == "queue.get") {
-        assert!(e["args"]["wait_us"].is_number() && e["args"]["depth"].is_number(), "{e}");
+    for e in xs
+        .iter()
+        .filter(|e| e["name"] == "queue.put" || e["name"] == "queue.get")
+    {
+        assert!(
+            e["args"]["wait_us"].is_number() && e["args"]["depth"].is_number(),
+            "{e}"
+        );
     }
-    assert!(trace["traceEvents"].as_array().unwrap().iter().any(|e| e["ph"] == "C" && e["name"] == "queue"));
+    assert!(trace["traceEvents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|e| e["ph"] == "C" && e["name"] == "queue"));
 
     // per track: non-negative times, proper nesting (no partial overlap)
-    let mut tracks: BTreeMap<(u64, u64), Vec<(f64, f64, &str)>> = BTreeMap::new();
+    type Track<'a> = Vec<(f64, f64, &'a str)>;
+    let mut tracks: BTreeMap<(u64, u64), Track> = BTreeMap::new();
     for e in &xs {
         let (ts, dur) = (e["ts"].as_f64().unwrap(), e["dur"].as_f64().unwrap());
         assert!(ts >= 0.0 && dur >= 0.0, "{e}");
-        tracks.entry((e["pid"].as_u64().unwrap(), e["tid"].as_u64().unwrap())).or_default().push((ts, ts + dur, e["name"].as_str().unwrap()));
+        tracks
+            .entry((e["pid"].as_u64().unwrap(), e["tid"].as_u64().unwrap()))
+            .or_default()
+            .push((ts, ts + dur, e["name"].as_str().unwrap()));
     }
     for (track, mut v) in tracks {
-        v.sort_by(|a, b| a.0.partial_cmp(&b.0).unwrap().then(b.1.partial_cmp(&a.1).unwrap()));
+        v.sort_by(|a, b| {
+            a.0.partial_cmp(&b.0)
+                .unwrap()
+                .then(b.1.partial_cmp(&a.1).unwrap())
+        });
         let mut open: Vec<(f64, f64, &str)> = Vec::new();
         for s in v {
             while open.last().is_some_and(|o| o.1 <= s.0) {
                 open.pop();
             }
             if let Some(parent) = open.last() {
-                assert!(s.1 <= parent.1 + 1e-3, "{track:?}: {} [{}, {}] overlaps {} [{}, {}]", s.2, s.0, s.1, parent.2, parent.0, parent.1);
+                assert!(
+                    s.1 <= parent.1 + 1e-3,
+                    "{track:?}: {} [{}, {}] overlaps {} [{}, {}]",
+                    s.2,
+                    s.0,
+                    s.1,
+                    parent.2,
+                    parent.0,
+                    parent.1
+                );
             }
             open.push(s);
         }
     }
     // the drafter sections of a step lie inside its drafter.step, which lies in ProfilerStep
-    let step_spans: Vec<(f64, f64)> = xs.iter().filter(|e| e["name"] == "drafter.step").map(|e| (e["ts"].as_f64().unwrap(), e["ts"].as_f64().unwrap() + e["dur"].as_f64().unwrap())).collect();
+    let step_spans: Vec<(f64, f64)> = xs
+        .iter()
+        .filter(|e| e["name"] == "drafter.step")
+        .map(|e| {
+            (
+                e["ts"].as_f64().unwrap(),
+                e["ts"].as_f64().unwrap() + e["dur"].as_f64().unwrap(),
+            )
+        })
+        .collect();
     for e in xs.iter().filter(|e| e["name"] == "drafter.backward") {
         let ts = e["ts"].as_f64().unwrap();
         assert!(step_spans.iter().any(|(a, b)| *a <= ts && ts <= *b));
     }
     // flows: every queue.get's flow_in has a queue.put flow_out with the same id
-    let outs: BTreeSet<u64> = xs.iter().filter(|e| e["name"] == "queue.put" && e["flow_out"] == true).map(|e| e["bind_id"].as_u64().unwrap()).collect();
-    let ins: Vec<u64> = xs.iter().filter(|e| e["name"] == "queue.get").map(|e| e["bind_id"].as_u64().expect("queue.get has a flow")).collect();
-    assert!(!ins.is_empty() && ins.iter().all(|i| outs.contains(i)), "{ins:?} vs {outs:?}");
+    let outs: BTreeSet<u64> = xs
+        .iter()
+        .filter(|e| e["name"] == "queue.put" && e["flow_out"] == true)
+        .map(|e| e["bind_id"].as_u64().unwrap())
+        .collect();
+    let ins: Vec<u64> = xs
+        .iter()
+        .filter(|e| e["name"] == "queue.get")
+        .map(|e| e["bind_id"].as_u64().expect("queue.get has a flow"))
+        .collect();
+    assert!(
+        !ins.is_empty() && ins.iter().all(|i| outs.contains(i)),
+        "{ins:?} vs {outs:?}"
+    );
 }
 
 #[test]
@@ -111,7 +212,14 @@ fn sigint_stops_cleanly_with_a_complete_trace_and_a_checkpoint() {
     let dir = tempfile::tempdir().unwrap();
     let run = dir.path().join("run");
     let mut child = dflash()
-        .args(["train", "--steps", "100000", "--trace-steps", "0..100000", "--trace"])
+        .args([
+            "train",
+            "--steps",
+            "100000",
+            "--trace-steps",
+            "0..100000",
+            "--trace",
+        ])
         .arg(&run)
         .args(SMALL)
         .spawn()
@@ -123,7 +231,8 @@ fn sigint_stops_cleanly_with_a_complete_trace_and_a_checkpoint() {
     let trace = load(&run.join("trace.json"));
     assert!(!spans(&trace).is_empty());
     assert!(run.join("checkpoints/latest").exists());
-    let summary: Value = serde_json::from_str(&std::fs::read_to_string(run.join("summary.json")).unwrap()).unwrap();
+    let summary: Value =
+        serde_json::from_str(&std::fs::read_to_string(run.join("summary.json")).unwrap()).unwrap();
     assert_eq!(summary["stopped_by_signal"], true);
 }
 
@@ -133,13 +242,19 @@ fn analyzer() -> std::path::PathBuf {
     let exe = std::env::current_exe().unwrap();
     let dir = exe.parent().and_then(|d| d.parent()).unwrap();
     let bin = dir.join(format!("dflash-analyze{}", std::env::consts::EXE_SUFFIX));
-    assert!(bin.exists(), "{} is missing: run the tests with `cargo test --workspace`", bin.display());
+    assert!(
+        bin.exists(),
+        "{} is missing: run the tests with `cargo test --workspace`",
+        bin.display()
+    );
     bin
 }
 
 fn wait_for_steps(run: &Path, n: usize) {
     for _ in 0..600 {
-        let lines = std::fs::read_to_string(run.join("metrics.jsonl")).map(|s| s.lines().count()).unwrap_or(0);
+        let lines = std::fs::read_to_string(run.join("metrics.jsonl"))
+            .map(|s| s.lines().count())
+            .unwrap_or(0);
         if lines >= n {
             return;
         }
@@ -153,7 +268,14 @@ fn sigkill_leaves_a_trace_the_analyzer_loads() {
     let dir = tempfile::tempdir().unwrap();
     let run = dir.path().join("run");
     let mut child = dflash()
-        .args(["train", "--steps", "100000", "--trace-steps", "0..100000", "--trace"])
+        .args([
+            "train",
+            "--steps",
+            "100000",
+            "--trace-steps",
+            "0..100000",
+            "--trace",
+        ])
         .arg(&run)
         .args(SMALL)
         .spawn()
@@ -164,10 +286,29 @@ fn sigkill_leaves_a_trace_the_analyzer_loads() {
     child.kill().unwrap();
     child.wait().unwrap();
     let text = std::fs::read_to_string(run.join("trace.json")).unwrap();
-    assert!(serde_json::from_str::<Value>(&text).is_err(), "a killed writer leaves the array open");
-    let out = Command::new(analyzer()).args(["breakdown", "--json"]).arg(&run).output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        serde_json::from_str::<Value>(&text).is_err(),
+        "a killed writer leaves the array open"
+    );
+    let out = Command::new(analyzer())
+        .args(["breakdown", "--json"])
+        .arg(&run)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let report: Value = serde_json::from_slice(&out.stdout).unwrap();
-    let names: Vec<&str> = report["sections"].as_array().unwrap().iter().map(|s| s["name"].as_str().unwrap()).collect();
-    assert!(names.contains(&"drafter.backward") && names.contains(&"target.forward"), "{names:?}");
+    let names: Vec<&str> = report["sections"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["name"].as_str().unwrap())
+        .collect();
+    assert!(
+        names.contains(&"drafter.backward") && names.contains(&"target.forward"),
+        "{names:?}"
+    );
 }

@@ -7,7 +7,15 @@ use std::process::Command;
 use assert_cmd::cargo::CommandCargoExt;
 
 /// A small slice of the embedded default: short sequences, few anchors.
-const SMALL: &[&str] = &["--set", "seq_len=128", "--set", "batch_tokens=1024", "--set", "num_anchors=16", "--quiet"];
+const SMALL: &[&str] = &[
+    "--set",
+    "seq_len=128",
+    "--set",
+    "batch_tokens=1024",
+    "--set",
+    "num_anchors=16",
+    "--quiet",
+];
 
 fn dflash() -> Command {
     Command::cargo_bin("dflash").unwrap()
@@ -17,7 +25,11 @@ fn losses(run: &Path) -> Vec<f64> {
     std::fs::read_to_string(run.join("metrics.jsonl"))
         .unwrap()
         .lines()
-        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["loss"].as_f64().unwrap())
+        .map(|l| {
+            serde_json::from_str::<serde_json::Value>(l).unwrap()["loss"]
+                .as_f64()
+                .unwrap()
+        })
         .collect()
 }
 
@@ -29,12 +41,27 @@ fn mean(v: &[f64]) -> f64 {
 fn default_slice_trains_and_the_loss_falls() {
     let dir = tempfile::tempdir().unwrap();
     let run = dir.path().join("run");
-    let out = dflash().args(["train", "--steps", "30", "--run-dir"]).arg(&run).args(SMALL).output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = dflash()
+        .args(["train", "--steps", "30", "--run-dir"])
+        .arg(&run)
+        .args(SMALL)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let l = losses(&run);
     assert_eq!(l.len(), 30);
     assert!(mean(&l[25..]) < 0.85 * mean(&l[..5]), "{l:?}");
-    for f in ["config.toml", "summary.json", "drafter/config.json", "drafter/model.safetensors", "checkpoints/latest"] {
+    for f in [
+        "config.toml",
+        "summary.json",
+        "drafter/config.json",
+        "drafter/model.safetensors",
+        "checkpoints/latest",
+    ] {
         assert!(run.join(f).exists(), "{f}");
     }
 }
@@ -47,21 +74,40 @@ fn ten_steps_plus_resume_ten_equals_twenty_straight() {
         let o = c.output().unwrap();
         assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     };
-    ok(dflash().args(["train", "--steps", "20", "--run-dir"]).arg(&a).args(SMALL));
-    ok(dflash().args(["train", "--steps", "20", "--stop-after", "10", "--run-dir"]).arg(&b).args(SMALL));
+    ok(dflash()
+        .args(["train", "--steps", "20", "--run-dir"])
+        .arg(&a)
+        .args(SMALL));
+    ok(dflash()
+        .args(["train", "--steps", "20", "--stop-after", "10", "--run-dir"])
+        .arg(&b)
+        .args(SMALL));
     assert_eq!(losses(&b).len(), 10);
-    ok(dflash().args(["train", "--resume", "--run-dir"]).arg(&b).args(["--quiet"]));
+    ok(dflash()
+        .args(["train", "--resume", "--run-dir"])
+        .arg(&b)
+        .args(["--quiet"]));
     let (la, lb) = (losses(&a), losses(&b));
     assert_eq!(lb.len(), 20);
     for (i, (x, y)) in la.iter().zip(&lb).enumerate() {
-        assert!((x - y).abs() <= 1e-4 * x.abs().max(1.0), "step {i}: {x} vs {y}");
+        assert!(
+            (x - y).abs() <= 1e-4 * x.abs().max(1.0),
+            "step {i}: {x} vs {y}"
+        );
     }
 }
 
 fn fails_with(args: &[&str], code: i32, needle: &str) -> String {
     let dir = tempfile::tempdir().unwrap();
     let run = dir.path().join("run");
-    let out = dflash().arg("train").args(args).arg("--run-dir").arg(&run).args(SMALL).output().unwrap();
+    let out = dflash()
+        .arg("train")
+        .args(args)
+        .arg("--run-dir")
+        .arg(&run)
+        .args(SMALL)
+        .output()
+        .unwrap();
     let err = String::from_utf8_lossy(&out.stderr).to_string();
     assert_eq!(out.status.code(), Some(code), "{err}");
     assert!(err.contains(needle), "expected {needle:?} in: {err}");
@@ -82,7 +128,10 @@ fn a_failing_target_worker_stops_the_drafter_with_its_error() {
         .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{err}");
-    assert!(err.contains("a target worker failed: injected fault"), "{err}");
+    assert!(
+        err.contains("a target worker failed: injected fault"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -91,7 +140,14 @@ fn a_failing_drafter_releases_the_target_workers() {
     let out = assert_cmd::Command::cargo_bin("dflash")
         .unwrap()
         .env("DFLASH_INJECT_FAULT", "drafter:3")
-        .args(["train", "--steps", "30", "--set", "queue_capacity=1", "--run-dir"])
+        .args([
+            "train",
+            "--steps",
+            "30",
+            "--set",
+            "queue_capacity=1",
+            "--run-dir",
+        ])
         .arg(dir.path().join("r"))
         .args(SMALL)
         .timeout(std::time::Duration::from_secs(60))
@@ -106,18 +162,43 @@ fn a_failing_drafter_releases_the_target_workers() {
 fn user_errors_exit_2_with_one_line_and_no_run_directory() {
     let dir = tempfile::tempdir().unwrap();
     let bad_jsonl = dir.path().join("bad.jsonl");
-    std::fs::write(&bad_jsonl, "{\"input_ids\": [1, 2, 3]}\n{\"input_ids\": [1, 99999]}\n").unwrap();
+    std::fs::write(
+        &bad_jsonl,
+        "{\"input_ids\": [1, 2, 3]}\n{\"input_ids\": [1, 99999]}\n",
+    )
+    .unwrap();
     let bad_target = dir.path().join("bad-target");
     std::fs::create_dir(&bad_target).unwrap();
     std::fs::write(bad_target.join("config.json"), "{\"hidden_size\": 8}").unwrap();
     let cases: Vec<(Vec<String>, &str)> = vec![
-        (vec!["--data".into(), "/nonexistent/data.jsonl".into()], "cannot read data /nonexistent/data.jsonl"),
-        (vec!["--data".into(), bad_jsonl.display().to_string()], "bad.jsonl:2: token id 99999"),
-        (vec!["--target".into(), "/nonexistent/ckpt".into()], "is not a directory"),
-        (vec!["--target".into(), bad_target.display().to_string()], "missing field"),
-        (vec!["--set".into(), "target_layer_ids=[1, 99]".into()], "target layer id 99 is out of range"),
-        (vec!["--drafter-device".into(), "cuda:0".into()], "CUDA is not available"),
-        (vec!["--drafter-device".into(), "tpu".into()], "unknown device"),
+        (
+            vec!["--data".into(), "/nonexistent/data.jsonl".into()],
+            "cannot read data /nonexistent/data.jsonl",
+        ),
+        (
+            vec!["--data".into(), bad_jsonl.display().to_string()],
+            "bad.jsonl:2: token id 99999",
+        ),
+        (
+            vec!["--target".into(), "/nonexistent/ckpt".into()],
+            "is not a directory",
+        ),
+        (
+            vec!["--target".into(), bad_target.display().to_string()],
+            "missing field",
+        ),
+        (
+            vec!["--set".into(), "target_layer_ids=[1, 99]".into()],
+            "target layer id 99 is out of range",
+        ),
+        (
+            vec!["--drafter-device".into(), "cuda:0".into()],
+            "CUDA is not available",
+        ),
+        (
+            vec!["--drafter-device".into(), "tpu".into()],
+            "unknown device",
+        ),
         (vec!["--set".into(), "lrr=1".into()], "unknown field `lrr`"),
         (vec!["--set".into(), "block_size=1".into()], "block_size"),
     ];
@@ -131,9 +212,19 @@ fn user_errors_exit_2_with_one_line_and_no_run_directory() {
     }
     // a run directory that already holds a run is not overwritten
     let run = dir.path().join("done");
-    let o = dflash().args(["train", "--steps", "2", "--run-dir"]).arg(&run).args(SMALL).output().unwrap();
+    let o = dflash()
+        .args(["train", "--steps", "2", "--run-dir"])
+        .arg(&run)
+        .args(SMALL)
+        .output()
+        .unwrap();
     assert!(o.status.success());
-    let o = dflash().args(["train", "--steps", "2", "--run-dir"]).arg(&run).args(SMALL).output().unwrap();
+    let o = dflash()
+        .args(["train", "--steps", "2", "--run-dir"])
+        .arg(&run)
+        .args(SMALL)
+        .output()
+        .unwrap();
     assert_eq!(o.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&o.stderr).contains("already holds a run"));
 }
@@ -142,7 +233,12 @@ fn user_errors_exit_2_with_one_line_and_no_run_directory() {
 fn failed_setup_leaves_no_run_directory() {
     let dir = tempfile::tempdir().unwrap();
     let run = dir.path().join("never");
-    let o = dflash().args(["train", "--data", "/nonexistent.txt", "--run-dir"]).arg(&run).args(SMALL).output().unwrap();
+    let o = dflash()
+        .args(["train", "--data", "/nonexistent.txt", "--run-dir"])
+        .arg(&run)
+        .args(SMALL)
+        .output()
+        .unwrap();
     assert_eq!(o.status.code(), Some(2));
     assert!(!run.exists());
 }
@@ -163,29 +259,87 @@ fn pipeline_equals_the_single_thread_path() {
     let dir = tempfile::tempdir().unwrap();
     let run = dir.path().join("run");
     let steps = 6;
-    let out = dflash().args(["train", "--steps", &steps.to_string(), "--set", "queue_capacity=3", "--run-dir"]).arg(&run).args(SMALL).output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = dflash()
+        .args([
+            "train",
+            "--steps",
+            &steps.to_string(),
+            "--set",
+            "queue_capacity=3",
+            "--run-dir",
+        ])
+        .arg(&run)
+        .args(SMALL)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let threaded = losses(&run);
 
     let cfg = TrainConfig::default()
-        .with_overrides(&["seq_len=128".into(), "batch_tokens=1024".into(), "num_anchors=16".into()])
+        .with_overrides(&[
+            "seq_len=128".into(),
+            "batch_tokens=1024".into(),
+            "num_anchors=16".into(),
+        ])
         .unwrap();
-    let target = model::load_target(&pipeline::default_target_dir(), Device::Cpu, Kind::Float).unwrap();
+    let target =
+        model::load_target(&pipeline::default_target_dir(), Device::Cpu, Kind::Float).unwrap();
     let tcfg = target.model.cfg.clone();
-    let dcfg = model::DrafterConfig::for_target(&tcfg, cfg.drafter_layers, cfg.block_size, bytes::MASK);
+    let dcfg =
+        model::DrafterConfig::for_target(&tcfg, cfg.drafter_layers, cfg.block_size, bytes::MASK);
     let d = model::new_drafter(&dcfg, &tcfg, Device::Cpu, cfg.seed as i64).unwrap();
-    let step_cfg = StepConfig { num_anchors: cfg.num_anchors, gamma: 4.0, chunk_blocks: cfg.chunk_blocks, grad_clip: cfg.grad_clip };
-    let mut trainer = DrafterTrainer::new(d.model, d.vs, &target.model.embed_tokens, &target.model.lm_head, Kind::Float, step_cfg, AdamWConfig::default()).unwrap();
-    let ds = data::load(&pipeline::default_corpus(), cfg.seq_len, tcfg.vocab_size, cfg.heldout_fraction).unwrap();
+    let step_cfg = StepConfig {
+        num_anchors: cfg.num_anchors,
+        gamma: 4.0,
+        chunk_blocks: cfg.chunk_blocks,
+        grad_clip: cfg.grad_clip,
+    };
+    let mut trainer = DrafterTrainer::new(
+        d.model,
+        d.vs,
+        &target.model.embed_tokens,
+        &target.model.lm_head,
+        Kind::Float,
+        step_cfg,
+        AdamWConfig::default(),
+    )
+    .unwrap();
+    let ds = data::load(
+        &pipeline::default_corpus(),
+        cfg.seq_len,
+        tcfg.vocab_size,
+        cfg.heldout_fraction,
+    )
+    .unwrap();
     let mut loader = Loader::new(ds.train, cfg.batch_tokens, cfg.seed, bytes::PAD, 0);
     let warmup = (steps as f64 * cfg.warmup_ratio).round() as i64;
     for step in 0..steps {
         let host = loader.next_batch();
-        let out = tch::no_grad(|| target.model.forward(&host.input_ids, &dcfg.target_layer_ids, false)).unwrap();
-        let batch = Batch { input_ids: host.input_ids, loss_mask: host.loss_mask, features: Tensor::cat(&out.hidden, -1), index: host.index };
+        let out = tch::no_grad(|| {
+            target
+                .model
+                .forward(&host.input_ids, &dcfg.target_layer_ids, false)
+        })
+        .unwrap();
+        let batch = Batch {
+            input_ids: host.input_ids,
+            loss_mask: host.loss_mask,
+            features: Tensor::cat(&out.hidden, -1),
+            index: host.index,
+        };
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(step_seed(cfg.seed, step));
-        let m = trainer.train_step(&batch, &mut rng, lr_at(step, steps, warmup, cfg.lr)).unwrap();
+        let m = trainer
+            .train_step(&batch, &mut rng, lr_at(step, steps, warmup, cfg.lr))
+            .unwrap();
         let t = threaded[step as usize];
-        assert!((m.loss - t).abs() <= 1e-5 * t.abs(), "step {step}: single-thread {} vs pipeline {t}", m.loss);
+        assert!(
+            (m.loss - t).abs() <= 1e-5 * t.abs(),
+            "step {step}: single-thread {} vs pipeline {t}",
+            m.loss
+        );
     }
 }

@@ -60,7 +60,8 @@ fn dtype_of(kind: Kind) -> Dtype {
 /// Copies every variable of `vars` from the checkpoint's safetensors files. Each variable
 /// must be present with exactly its shape; its dtype is converted to the variable's.
 pub fn load_into(vars: &HashMap<String, Tensor>, dir: &Path) -> Result<(), ModelError> {
-    let mut remaining: BTreeMap<&str, &Tensor> = vars.iter().map(|(k, v)| (k.as_str(), v)).collect();
+    let mut remaining: BTreeMap<&str, &Tensor> =
+        vars.iter().map(|(k, v)| (k.as_str(), v)).collect();
     for file in weight_files(dir)? {
         let bytes = fs::read(&file).map_err(|e| ModelError::io(&file, e))?;
         let st = SafeTensors::deserialize(&bytes)
@@ -103,7 +104,10 @@ fn to_host(t: &Tensor) -> Result<HostTensor, ModelError> {
         k @ (Kind::BFloat16 | Kind::Half | Kind::Float) => k,
         _ => Kind::Float,
     };
-    let t = t.f_to_kind(kind)?.f_to_device(tch::Device::Cpu)?.f_contiguous()?;
+    let t = t
+        .f_to_kind(kind)?
+        .f_to_device(tch::Device::Cpu)?
+        .f_contiguous()?;
     let numel = t.numel();
     let mut data = vec![0u8; numel * kind.elt_size_in_bytes()];
     t.f_copy_data_u8(&mut data, numel)?;
@@ -138,7 +142,10 @@ pub fn write_dir_atomically(
     dir: &Path,
     fill: impl FnOnce(&Path) -> Result<(), ModelError>,
 ) -> Result<(), ModelError> {
-    let parent = dir.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let parent = dir
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
     fs::create_dir_all(parent).map_err(|e| ModelError::io(parent, e))?;
     let name = dir.file_name().and_then(|n| n.to_str()).unwrap_or("out");
     let tmp = parent.join(format!(".{name}.tmp-{}", std::process::id()));

@@ -53,13 +53,21 @@ pub fn default_target_layer_ids(target_layers: i64, drafter_layers: i64) -> Vec<
         return vec![(target_layers / 2) as usize];
     }
     (0..drafter_layers)
-        .map(|i| (1.0 + i as f64 * (target_layers - 4) as f64 / (drafter_layers - 1) as f64).round() as usize)
+        .map(|i| {
+            (1.0 + i as f64 * (target_layers - 4) as f64 / (drafter_layers - 1) as f64).round()
+                as usize
+        })
         .collect()
 }
 
 impl DrafterConfig {
     /// A drafter shaped like the target's layers (same hidden size, heads, MLP width).
-    pub fn for_target(target: &Qwen3Config, num_layers: i64, block_size: i64, mask_token_id: i64) -> Self {
+    pub fn for_target(
+        target: &Qwen3Config,
+        num_layers: i64,
+        block_size: i64,
+        mask_token_id: i64,
+    ) -> Self {
         Self {
             architectures: default_arch(),
             hidden_size: target.hidden_size,
@@ -90,15 +98,25 @@ impl DrafterConfig {
             ));
         }
         if self.vocab_size != target.vocab_size {
-            return bad(format!("drafter vocab_size {} differs from the target's {}", self.vocab_size, target.vocab_size));
+            return bad(format!(
+                "drafter vocab_size {} differs from the target's {}",
+                self.vocab_size, target.vocab_size
+            ));
         }
         if self.mask_token_id < 0 || self.mask_token_id >= target.vocab_size {
-            return bad(format!("mask_token_id {} is outside the target vocabulary 0..{}", self.mask_token_id, target.vocab_size));
+            return bad(format!(
+                "mask_token_id {} is outside the target vocabulary 0..{}",
+                self.mask_token_id, target.vocab_size
+            ));
         }
         if self.target_layer_ids.is_empty() {
             return bad("target_layer_ids is empty".into());
         }
-        if let Some(id) = self.target_layer_ids.iter().find(|&&i| i as i64 >= target.num_hidden_layers) {
+        if let Some(id) = self
+            .target_layer_ids
+            .iter()
+            .find(|&&i| i as i64 >= target.num_hidden_layers)
+        {
             return bad(format!(
                 "target layer id {id} is out of range: the target has {} layers",
                 target.num_hidden_layers
@@ -112,10 +130,15 @@ impl DrafterConfig {
             ));
         }
         if self.num_attention_heads % self.num_key_value_heads != 0 || self.head_dim % 2 != 0 {
-            return bad("attention heads must be a multiple of key/value heads and head_dim even".into());
+            return bad(
+                "attention heads must be a multiple of key/value heads and head_dim even".into(),
+            );
         }
         if self.block_size < 2 {
-            return bad(format!("block_size must be at least 2, got {}", self.block_size));
+            return bad(format!(
+                "block_size must be at least 2, got {}",
+                self.block_size
+            ));
         }
         if self.layer_types.contains(&LayerType::Sliding) && self.sliding_window < self.block_size {
             return bad(format!(
@@ -174,10 +197,18 @@ impl DrafterLayer {
         let (s, q_len) = (ctx.size()[1], x.size()[1]);
         // 1. pre-norm; queries from the block only
         let h = self.input_layernorm.forward(x);
-        let q = self.q_norm.forward(&split_heads(&self.q_proj.forward(&h), self.heads, self.head_dim));
+        let q = self.q_norm.forward(&split_heads(
+            &self.q_proj.forward(&h),
+            self.heads,
+            self.head_dim,
+        ));
         // 2. keys/values from [ctx ; block] with the same projections: (B, S+Q, H)
         let kv_in = Tensor::cat(&[ctx, &h], 1);
-        let k = self.k_norm.forward(&split_heads(&self.k_proj.forward(&kv_in), self.kv_heads, self.head_dim));
+        let k = self.k_norm.forward(&split_heads(
+            &self.k_proj.forward(&kv_in),
+            self.kv_heads,
+            self.head_dim,
+        ));
         let v = split_heads(&self.v_proj.forward(&kv_in), self.kv_heads, self.head_dim);
         // 3. rotary: queries at the block positions, keys at all S+Q positions
         let q = rope.narrow(s, q_len).apply(&q);

@@ -130,7 +130,13 @@ impl Rope {
 /// `q` is `[B, Hq, Lq, D]`, `k`/`v` are `[B, Hkv, Lk, D]`. With a mask, key/value heads are
 /// repeated explicitly, because the memory-efficient kernels that take an arbitrary mask do
 /// not all support grouped heads; without one the kernel handles the grouping itself.
-pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, mask: Option<&Tensor>, causal: bool) -> Tensor {
+pub fn attention(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    mask: Option<&Tensor>,
+    causal: bool,
+) -> Tensor {
     let groups = q.size()[1] / k.size()[1];
     match mask {
         Some(mask) if groups > 1 => {
@@ -163,7 +169,9 @@ pub fn split_heads(xs: &Tensor, heads: i64, head_dim: i64) -> Tensor {
 /// `[B, heads, L, D] -> [B, L, heads * D]`.
 pub fn merge_heads(xs: &Tensor) -> Tensor {
     let s = xs.size();
-    xs.transpose(1, 2).contiguous().view([s[0], s[2], s[1] * s[3]])
+    xs.transpose(1, 2)
+        .contiguous()
+        .view([s[0], s[2], s[1] * s[3]])
 }
 
 #[cfg(test)]

@@ -88,7 +88,12 @@ pub struct LoadedDrafter {
 }
 
 /// A freshly initialised drafter (Linear ~ N(0, 0.02), norms = 1) for `target`.
-pub fn new_drafter(cfg: &DrafterConfig, target: &Qwen3Config, device: Device, seed: i64) -> Result<LoadedDrafter, ModelError> {
+pub fn new_drafter(
+    cfg: &DrafterConfig,
+    target: &Qwen3Config,
+    device: Device,
+    seed: i64,
+) -> Result<LoadedDrafter, ModelError> {
     cfg.validate(target)?;
     tch::manual_seed(seed);
     let vs = nn::VarStore::new(device);
@@ -108,7 +113,11 @@ pub fn save_drafter(vs: &nn::VarStore, cfg: &DrafterConfig, dir: &Path) -> Resul
 }
 
 /// Loads a drafter directory written by [`save_drafter`] and checks it fits `target`.
-pub fn load_drafter(dir: &Path, target: &Qwen3Config, device: Device) -> Result<LoadedDrafter, ModelError> {
+pub fn load_drafter(
+    dir: &Path,
+    target: &Qwen3Config,
+    device: Device,
+) -> Result<LoadedDrafter, ModelError> {
     let cfg: DrafterConfig = checkpoint::read_config(dir)?;
     cfg.validate(target)?;
     let vs = nn::VarStore::new(device);

@@ -19,9 +19,18 @@ pub struct Anchors {
 /// Draws anchors on the host. Candidates are positions `i` in `[0, S-2]` with
 /// `loss_mask[i]` and `loss_mask[i+1]`; each sequence draws `min(slots, candidates)` of
 /// them without replacement. The slot count is fixed so that shapes stay static.
-pub fn sample_anchors(loss_mask: &Tensor, slots: i64, rng: &mut impl Rng) -> Result<Anchors, ModelError> {
+pub fn sample_anchors(
+    loss_mask: &Tensor,
+    slots: i64,
+    rng: &mut impl Rng,
+) -> Result<Anchors, ModelError> {
     let (b, s) = (loss_mask.size()[0], loss_mask.size()[1]);
-    let mask: Vec<i64> = Vec::try_from(loss_mask.f_to_kind(Kind::Int64)?.f_to_device(Device::Cpu)?.f_view([-1])?)?;
+    let mask: Vec<i64> = Vec::try_from(
+        loss_mask
+            .f_to_kind(Kind::Int64)?
+            .f_to_device(Device::Cpu)?
+            .f_view([-1])?,
+    )?;
     let mut anchors = vec![0i64; (b * slots) as usize];
     let mut keep = vec![false; (b * slots) as usize];
     for row in 0..b as usize {
@@ -31,7 +40,10 @@ pub fn sample_anchors(loss_mask: &Tensor, slots: i64, rng: &mut impl Rng) -> Res
             .map(|i| i as i64)
             .collect();
         let n = candidates.len().min(slots as usize);
-        let mut chosen: Vec<i64> = sample(rng, candidates.len(), n).into_iter().map(|i| candidates[i]).collect();
+        let mut chosen: Vec<i64> = sample(rng, candidates.len(), n)
+            .into_iter()
+            .map(|i| candidates[i])
+            .collect();
         chosen.sort_unstable();
         for (j, a) in chosen.into_iter().enumerate() {
             anchors[row * slots as usize + j] = a;
@@ -45,10 +57,19 @@ pub fn sample_anchors(loss_mask: &Tensor, slots: i64, rng: &mut impl Rng) -> Res
 }
 
 /// Token ids of the noised blocks, `[B, N * bs]`: per anchor `[input_ids[anchor], MASK x (bs-1)]`.
-pub fn noise_block_ids(input_ids: &Tensor, anchors: &Tensor, block_size: i64, mask_token_id: i64) -> Tensor {
+pub fn noise_block_ids(
+    input_ids: &Tensor,
+    anchors: &Tensor,
+    block_size: i64,
+    mask_token_id: i64,
+) -> Tensor {
     let (b, n) = (anchors.size()[0], anchors.size()[1]);
     let first = input_ids.gather(1, anchors, false).unsqueeze(-1);
-    let masks = Tensor::full([b, n, block_size - 1], mask_token_id, (Kind::Int64, input_ids.device()));
+    let masks = Tensor::full(
+        [b, n, block_size - 1],
+        mask_token_id,
+        (Kind::Int64, input_ids.device()),
+    );
     Tensor::cat(&[first, masks], -1).view([b, n * block_size])
 }
 
@@ -56,8 +77,11 @@ pub fn noise_block_ids(input_ids: &Tensor, anchors: &Tensor, block_size: i64, ma
 pub fn positions(seq_len: i64, anchors: &Tensor, block_size: i64) -> Tensor {
     let (b, n) = (anchors.size()[0], anchors.size()[1]);
     let dev = anchors.device();
-    let ctx = Tensor::arange(seq_len, (Kind::Int64, dev)).unsqueeze(0).expand([b, seq_len], false);
-    let blocks = (anchors.unsqueeze(-1) + Tensor::arange(block_size, (Kind::Int64, dev))).view([b, n * block_size]);
+    let ctx = Tensor::arange(seq_len, (Kind::Int64, dev))
+        .unsqueeze(0)
+        .expand([b, seq_len], false);
+    let blocks = (anchors.unsqueeze(-1) + Tensor::arange(block_size, (Kind::Int64, dev)))
+        .view([b, n * block_size]);
     Tensor::cat(&[ctx, blocks], 1)
 }
 
@@ -67,7 +91,13 @@ pub fn positions(seq_len: i64, anchors: &Tensor, block_size: i64) -> Tensor {
 /// sliding layers `kv >= a + oq - (window - 1)`. Rows of unused slots would be empty
 /// (NaN in some attention kernels), so they see their own block instead; their loss weight
 /// is zero.
-pub fn block_mask(anchors: &Tensor, keep: &Tensor, seq_len: i64, block_size: i64, window: Option<i64>) -> Tensor {
+pub fn block_mask(
+    anchors: &Tensor,
+    keep: &Tensor,
+    seq_len: i64,
+    block_size: i64,
+    window: Option<i64>,
+) -> Tensor {
     let (b, n) = (anchors.size()[0], anchors.size()[1]);
     let q_len = n * block_size;
     let dev = anchors.device();
@@ -75,13 +105,19 @@ pub fn block_mask(anchors: &Tensor, keep: &Tensor, seq_len: i64, block_size: i64
     let q = Tensor::arange(q_len, (Kind::Int64, dev));
     let bq = q.divide_scalar_mode(block_size, "floor");
     let oq = q.remainder(block_size);
-    let a = anchors.repeat_interleave_self_int(block_size, 1, None).unsqueeze(-1);
-    let kept = keep.repeat_interleave_self_int(block_size, 1, None).unsqueeze(-1);
+    let a = anchors
+        .repeat_interleave_self_int(block_size, 1, None)
+        .unsqueeze(-1);
+    let kept = keep
+        .repeat_interleave_self_int(block_size, 1, None)
+        .unsqueeze(-1);
     // 2. per key index, (1, 1, S+Q)
     let kv = Tensor::arange(seq_len + q_len, (Kind::Int64, dev)).view([1, 1, -1]);
     let ctx = kv.lt(seq_len).logical_and(&kv.lt_tensor(&a));
     let kv_block = (&kv - seq_len).divide_scalar_mode(block_size, "floor");
-    let draft = kv.ge(seq_len).logical_and(&kv_block.eq_tensor(&bq.view([1, -1, 1])));
+    let draft = kv
+        .ge(seq_len)
+        .logical_and(&kv_block.eq_tensor(&bq.view([1, -1, 1])));
     let mut allow = ctx.logical_or(&draft);
     if let Some(w) = window {
         let lo = &a + oq.view([1, -1, 1]) - (w - 1);
@@ -89,12 +125,20 @@ pub fn block_mask(anchors: &Tensor, keep: &Tensor, seq_len: i64, block_size: i64
     }
     let allow = allow.logical_and(&kept);
     // 3. unused slots attend to their own block only
-    allow.logical_or(&draft.logical_and(&kept.logical_not())).view([b, 1, q_len, seq_len + q_len])
+    allow
+        .logical_or(&draft.logical_and(&kept.logical_not()))
+        .view([b, 1, q_len, seq_len + q_len])
 }
 
 /// Labels `[B, N, bs]` (`y[b,n,k] = input_ids[anchor + k]`, clamped inside the sequence)
 /// and the weight mask `m = keep * [anchor+k < S] * [k > 0] * loss_mask[anchor+k]` (float).
-pub fn labels_and_mask(input_ids: &Tensor, loss_mask: &Tensor, anchors: &Tensor, keep: &Tensor, block_size: i64) -> (Tensor, Tensor) {
+pub fn labels_and_mask(
+    input_ids: &Tensor,
+    loss_mask: &Tensor,
+    anchors: &Tensor,
+    keep: &Tensor,
+    block_size: i64,
+) -> (Tensor, Tensor) {
     let (b, s) = (input_ids.size()[0], input_ids.size()[1]);
     let n = anchors.size()[1];
     let dev = input_ids.device();
@@ -103,8 +147,15 @@ pub fn labels_and_mask(input_ids: &Tensor, loss_mask: &Tensor, anchors: &Tensor,
     let inside = idx.lt(s);
     let idx = idx.clamp_max(s - 1).view([b, n * block_size]);
     let labels = input_ids.gather(1, &idx, false).view([b, n, block_size]);
-    let lm = loss_mask.to_device(dev).to_kind(Kind::Float).gather(1, &idx, false).view([b, n, block_size]);
-    let m = lm * inside.to_kind(Kind::Float) * keep.to_device(dev).to_kind(Kind::Float).unsqueeze(-1) * k.gt(0).to_kind(Kind::Float);
+    let lm = loss_mask
+        .to_device(dev)
+        .to_kind(Kind::Float)
+        .gather(1, &idx, false)
+        .view([b, n, block_size]);
+    let m = lm
+        * inside.to_kind(Kind::Float)
+        * keep.to_device(dev).to_kind(Kind::Float).unsqueeze(-1)
+        * k.gt(0).to_kind(Kind::Float);
     (labels, m)
 }
 
@@ -165,7 +216,9 @@ pub fn weighted_ce_chunked(
             Some(t) => t + part,
             None => part,
         });
-        correct.push(tch::no_grad(|| logits.argmax(-1, false).eq_tensor(&y).view([b, len, bs])));
+        correct.push(tch::no_grad(|| {
+            logits.argmax(-1, false).eq_tensor(&y).view([b, len, bs])
+        }));
         start += len;
     }
     LossOutput {
@@ -181,7 +234,11 @@ pub fn accuracy(correct: &Tensor, m: &Tensor) -> f64 {
     if n == 0.0 {
         return 0.0;
     }
-    correct.logical_and(&valid).sum(Kind::Float).double_value(&[]) / n
+    correct
+        .logical_and(&valid)
+        .sum(Kind::Float)
+        .double_value(&[])
+        / n
 }
 
 /// The acceptance-length proxy: per block `1 + sum_k prod_{j<=k} c_j` over positions
@@ -190,7 +247,9 @@ pub fn accuracy(correct: &Tensor, m: &Tensor) -> f64 {
 pub fn tau_hat(correct: &Tensor, m: &Tensor) -> f64 {
     let valid = m.gt(0.0);
     // invalid positions pass through the running product as "correct" but do not count
-    let pass = correct.logical_or(&valid.logical_not()).to_kind(Kind::Float);
+    let pass = correct
+        .logical_or(&valid.logical_not())
+        .to_kind(Kind::Float);
     let run = pass.cumprod(-1, Kind::Float);
     let accepted = (run * valid.to_kind(Kind::Float)).sum_dim_intlist(-1, false, Kind::Float);
     let has_valid = valid.any_dim(-1, false);
@@ -198,7 +257,10 @@ pub fn tau_hat(correct: &Tensor, m: &Tensor) -> f64 {
     if blocks == 0.0 {
         return 0.0;
     }
-    let sum = (accepted + 1.0).masked_select(&has_valid).sum(Kind::Float).double_value(&[]);
+    let sum = (accepted + 1.0)
+        .masked_select(&has_valid)
+        .sum(Kind::Float)
+        .double_value(&[]);
     sum / blocks
 }
 

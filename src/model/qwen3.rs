@@ -55,13 +55,18 @@ impl Qwen3ConfigFile {
         fn need(v: Option<i64>, key: &str) -> Result<i64, ModelError> {
             match v {
                 Some(v) if v > 0 => Ok(v),
-                Some(v) => Err(ModelError::Config(format!("`{key}` must be positive, got {v}"))),
+                Some(v) => Err(ModelError::Config(format!(
+                    "`{key}` must be positive, got {v}"
+                ))),
                 None => Err(ModelError::Config(format!("missing field `{key}`"))),
             }
         }
         let hidden_size = need(self.hidden_size, "hidden_size")?;
         let heads = need(self.num_attention_heads, "num_attention_heads")?;
-        let kv_heads = need(self.num_key_value_heads.or(Some(heads)), "num_key_value_heads")?;
+        let kv_heads = need(
+            self.num_key_value_heads.or(Some(heads)),
+            "num_key_value_heads",
+        )?;
         if heads % kv_heads != 0 {
             return Err(ModelError::Config(format!(
                 "num_attention_heads ({heads}) must be a multiple of num_key_value_heads ({kv_heads})"
@@ -77,7 +82,9 @@ impl Qwen3ConfigFile {
             }
         };
         if head_dim % 2 != 0 {
-            return Err(ModelError::Config(format!("head_dim must be even for RoPE, got {head_dim}")));
+            return Err(ModelError::Config(format!(
+                "head_dim must be even for RoPE, got {head_dim}"
+            )));
         }
         Ok(Qwen3Config {
             vocab_size: need(self.vocab_size, "vocab_size")?,
@@ -169,7 +176,11 @@ struct DecoderLayer {
 impl DecoderLayer {
     fn new(p: nn::Path, cfg: &Qwen3Config) -> Self {
         Self {
-            input_layernorm: RmsNorm::new(&p / "input_layernorm", cfg.hidden_size, cfg.rms_norm_eps),
+            input_layernorm: RmsNorm::new(
+                &p / "input_layernorm",
+                cfg.hidden_size,
+                cfg.rms_norm_eps,
+            ),
             self_attn: Attention::new(&p / "self_attn", cfg),
             post_attention_layernorm: RmsNorm::new(
                 &p / "post_attention_layernorm",
@@ -181,8 +192,13 @@ impl DecoderLayer {
     }
 
     fn forward(&self, xs: &Tensor, rope: &Rope) -> Tensor {
-        let xs = xs + self.self_attn.forward(&self.input_layernorm.forward(xs), rope);
-        &xs + self.mlp.forward(&self.post_attention_layernorm.forward(&xs))
+        let xs = xs
+            + self
+                .self_attn
+                .forward(&self.input_layernorm.forward(xs), rope);
+        &xs + self
+            .mlp
+            .forward(&self.post_attention_layernorm.forward(&xs))
     }
 }
 
@@ -237,7 +253,12 @@ impl Qwen3 {
 
     /// Runs the model over `input_ids` `[B, S]`. `taps` lists layer ids whose raw outputs
     /// are returned; with `logits == false` the pass stops after the deepest tapped layer.
-    pub fn forward(&self, input_ids: &Tensor, taps: &[usize], logits: bool) -> Result<TargetOutput, ModelError> {
+    pub fn forward(
+        &self,
+        input_ids: &Tensor,
+        taps: &[usize],
+        logits: bool,
+    ) -> Result<TargetOutput, ModelError> {
         let n = self.layers.len();
         if let Some(&bad) = taps.iter().find(|&&t| t >= n) {
             return Err(ModelError::Config(format!(
@@ -249,10 +270,16 @@ impl Qwen3 {
         let kind = self.embed_tokens.kind();
         // 1. token embedding (B, S) -> (B, S, H); RoPE tables for positions 0..S
         let mut xs = Tensor::embedding(&self.embed_tokens, input_ids, -1, false, false);
-        let positions = Tensor::arange(s, (Kind::Int64, input_ids.device())).unsqueeze(0).expand([b, s], false);
+        let positions = Tensor::arange(s, (Kind::Int64, input_ids.device()))
+            .unsqueeze(0)
+            .expand([b, s], false);
         let rope = Rope::new(&positions, self.cfg.head_dim, self.cfg.rope_theta, kind);
         // 2. decoder layers, keeping the tapped raw outputs
-        let last = if logits { n } else { taps.iter().max().map_or(0, |m| m + 1) };
+        let last = if logits {
+            n
+        } else {
+            taps.iter().max().map_or(0, |m| m + 1)
+        };
         let mut hidden: Vec<Option<Tensor>> = (0..taps.len()).map(|_| None).collect();
         for (i, layer) in self.layers.iter().enumerate().take(last) {
             xs = layer.forward(&xs, &rope);
@@ -264,7 +291,10 @@ impl Qwen3 {
         let logits = logits.then(|| self.norm.forward(&xs).matmul(&self.lm_head.tr()));
         Ok(TargetOutput {
             logits,
-            hidden: hidden.into_iter().map(|h| h.expect("every tap is below `last`")).collect(),
+            hidden: hidden
+                .into_iter()
+                .map(|h| h.expect("every tap is below `last`"))
+                .collect(),
         })
     }
 }

@@ -28,7 +28,11 @@ pub fn checkpoints_dir(run_dir: &Path) -> PathBuf {
 }
 
 /// Saves a checkpoint and points `latest` at it.
-pub fn save(run_dir: &Path, trainer: &DrafterTrainer, state: RunState) -> Result<PathBuf, ModelError> {
+pub fn save(
+    run_dir: &Path,
+    trainer: &DrafterTrainer,
+    state: RunState,
+) -> Result<PathBuf, ModelError> {
     let root = checkpoints_dir(run_dir);
     let name = format!("step-{:08}", state.step);
     let dir = root.join(&name);
@@ -59,7 +63,8 @@ pub fn restore(dir: &Path, trainer: &mut DrafterTrainer) -> Result<RunState, Mod
     let state: RunState = {
         let p = dir.join("state.json");
         let text = fs::read_to_string(&p).map_err(|e| ModelError::io(&p, e))?;
-        serde_json::from_str(&text).map_err(|e| ModelError::Checkpoint(format!("{}: {e}", p.display())))?
+        serde_json::from_str(&text)
+            .map_err(|e| ModelError::Checkpoint(format!("{}: {e}", p.display())))?
     };
     let opt_path = dir.join("optimizer.safetensors");
     let bytes = fs::read(&opt_path).map_err(|e| ModelError::io(&opt_path, e))?;
@@ -68,10 +73,13 @@ pub fn restore(dir: &Path, trainer: &mut DrafterTrainer) -> Result<RunState, Mod
     let mut tensors = HashMap::new();
     for (k, v) in st.tensors() {
         if v.dtype() != safetensors::Dtype::F32 {
-            return Err(ModelError::Checkpoint(format!("optimizer tensor `{k}` is not F32")));
+            return Err(ModelError::Checkpoint(format!(
+                "optimizer tensor `{k}` is not F32"
+            )));
         }
         let shape: Vec<i64> = v.shape().iter().map(|&d| d as i64).collect();
-        let t = Tensor::f_from_data_size(v.data(), &shape, tch::Kind::Float)?.f_to_device(trainer.device)?;
+        let t = Tensor::f_from_data_size(v.data(), &shape, tch::Kind::Float)?
+            .f_to_device(trainer.device)?;
         tensors.insert(k, t);
     }
     // the master weights carry the parameters; the drafter directory is for users

@@ -109,7 +109,10 @@ impl Default for TrainConfig {
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     #[error("cannot read config {path}: {source}")]
-    Read { path: PathBuf, source: std::io::Error },
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("bad config {path}: {message}")]
     Parse { path: PathBuf, message: String },
     #[error("bad --set {assignment:?}: {message} (use --set key=value with a TOML value, e.g. --set lr=1e-3)")]
@@ -121,7 +124,10 @@ pub enum ConfigError {
 impl TrainConfig {
     /// Reads a TOML file (unknown keys are errors, so a typo does not go unnoticed).
     pub fn from_file(path: &Path) -> Result<Self, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.into(), source })?;
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.into(),
+            source,
+        })?;
         toml::from_str(&text).map_err(|e| ConfigError::Parse {
             path: path.into(),
             message: e.to_string().trim().replace('\n', " "),
@@ -132,7 +138,10 @@ impl TrainConfig {
     pub fn with_overrides(self, sets: &[String]) -> Result<Self, ConfigError> {
         let mut table = toml::Table::try_from(&self).expect("config serializes to a table");
         for s in sets {
-            let err = |message: String| ConfigError::Set { assignment: s.clone(), message };
+            let err = |message: String| ConfigError::Set {
+                assignment: s.clone(),
+                message,
+            };
             let (key, raw) = s.split_once('=').ok_or_else(|| err("missing `=`".into()))?;
             let key = key.trim().replace('-', "_");
             let value = toml::from_str::<toml::Table>(&format!("v = {raw}"))
@@ -145,18 +154,46 @@ impl TrainConfig {
         }
         let cfg: Self = toml::Value::Table(table)
             .try_into()
-            .map_err(|e: toml::de::Error| ConfigError::Invalid(e.to_string().trim().replace('\n', " ")))?;
+            .map_err(|e: toml::de::Error| {
+                ConfigError::Invalid(e.to_string().trim().replace('\n', " "))
+            })?;
         Ok(cfg)
     }
 
     fn field_names() -> Vec<&'static str> {
         vec![
-            "target", "target_preset", "data", "synthetic_seq_len", "seq_len", "batch_tokens",
-            "heldout_fraction", "steps", "lr", "warmup_ratio", "weight_decay", "grad_clip", "seed",
-            "block_size", "num_anchors", "gamma", "chunk_blocks", "drafter_layers", "target_layer_ids",
-            "sliding_layers", "sliding_window", "mask_token_id", "target_devices", "drafter_device",
-            "queue_capacity", "checkpoint_every", "log_every", "trace_steps", "trace_gzip",
-            "summary_every", "sync_sections", "save_checkpoints",
+            "target",
+            "target_preset",
+            "data",
+            "synthetic_seq_len",
+            "seq_len",
+            "batch_tokens",
+            "heldout_fraction",
+            "steps",
+            "lr",
+            "warmup_ratio",
+            "weight_decay",
+            "grad_clip",
+            "seed",
+            "block_size",
+            "num_anchors",
+            "gamma",
+            "chunk_blocks",
+            "drafter_layers",
+            "target_layer_ids",
+            "sliding_layers",
+            "sliding_window",
+            "mask_token_id",
+            "target_devices",
+            "drafter_device",
+            "queue_capacity",
+            "checkpoint_every",
+            "log_every",
+            "trace_steps",
+            "trace_gzip",
+            "summary_every",
+            "sync_sections",
+            "save_checkpoints",
         ]
     }
 
@@ -173,19 +210,30 @@ impl TrainConfig {
             ));
         }
         if self.num_anchors <= 0 || self.block_size < 2 || self.drafter_layers <= 0 {
-            return bad("num_anchors and drafter_layers must be positive and block_size at least 2".into());
+            return bad(
+                "num_anchors and drafter_layers must be positive and block_size at least 2".into(),
+            );
         }
         if self.queue_capacity == 0 {
             return bad("queue_capacity must be at least 1".into());
         }
         if self.target_devices.is_empty() {
-            return bad("target_devices is empty; give at least one device, e.g. --target-devices cpu".into());
+            return bad(
+                "target_devices is empty; give at least one device, e.g. --target-devices cpu"
+                    .into(),
+            );
         }
         if !(0.0..1.0).contains(&self.heldout_fraction) {
-            return bad(format!("heldout_fraction must be in [0, 1), got {}", self.heldout_fraction));
+            return bad(format!(
+                "heldout_fraction must be in [0, 1), got {}",
+                self.heldout_fraction
+            ));
         }
         if self.sliding_layers < 0 || self.sliding_layers > self.drafter_layers {
-            return bad(format!("sliding_layers {} must be within 0..={}", self.sliding_layers, self.drafter_layers));
+            return bad(format!(
+                "sliding_layers {} must be within 0..={}",
+                self.sliding_layers, self.drafter_layers
+            ));
         }
         self.trace_window()?;
         Ok(())
@@ -223,19 +271,37 @@ mod tests {
     #[test]
     fn overrides_parse_toml_values_and_reject_unknown_fields() {
         let cfg = TrainConfig::default()
-            .with_overrides(&["lr=1e-3".into(), "target-devices=[\"cpu\", \"cpu\"]".into(), "drafter_device=cpu".into()])
+            .with_overrides(&[
+                "lr=1e-3".into(),
+                "target-devices=[\"cpu\", \"cpu\"]".into(),
+                "drafter_device=cpu".into(),
+            ])
             .unwrap();
         assert_eq!(cfg.lr, 1e-3);
         assert_eq!(cfg.target_devices, vec!["cpu", "cpu"]);
-        let e = TrainConfig::default().with_overrides(&["lrr=1".into()]).unwrap_err().to_string();
+        let e = TrainConfig::default()
+            .with_overrides(&["lrr=1".into()])
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("unknown field `lrr`"), "{e}");
-        let e = TrainConfig::default().with_overrides(&["steps=abc".into()]).unwrap_err().to_string();
+        let e = TrainConfig::default()
+            .with_overrides(&["steps=abc".into()])
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("steps"), "{e}");
     }
 
     #[test]
     fn every_field_is_overridable() {
-        let table = toml::Table::try_from(TrainConfig { target: Some("x".into()), target_preset: Some("p".into()), data: Some("d".into()), synthetic_seq_len: Some(1), trace_steps: Some("1..2".into()), ..Default::default() }).unwrap();
+        let table = toml::Table::try_from(TrainConfig {
+            target: Some("x".into()),
+            target_preset: Some("p".into()),
+            data: Some("d".into()),
+            synthetic_seq_len: Some(1),
+            trace_steps: Some("1..2".into()),
+            ..Default::default()
+        })
+        .unwrap();
         let mut keys: Vec<&str> = table.keys().map(|k| k.as_str()).collect();
         let mut names = TrainConfig::field_names();
         keys.sort();
@@ -245,11 +311,20 @@ mod tests {
 
     #[test]
     fn trace_window_parses_and_defaults_after_warmup() {
-        let c = TrainConfig { trace_steps: Some("100..200".into()), ..Default::default() };
+        let c = TrainConfig {
+            trace_steps: Some("100..200".into()),
+            ..Default::default()
+        };
         assert_eq!(c.trace_window().unwrap(), (100, 200));
-        let c = TrainConfig { steps: 1000, ..Default::default() };
+        let c = TrainConfig {
+            steps: 1000,
+            ..Default::default()
+        };
         assert_eq!(c.trace_window().unwrap(), (5, 55));
-        let c = TrainConfig { trace_steps: Some("5..2".into()), ..Default::default() };
+        let c = TrainConfig {
+            trace_steps: Some("5..2".into()),
+            ..Default::default()
+        };
         assert!(c.trace_window().is_err());
     }
 }

@@ -23,7 +23,11 @@ pub mod bytes {
     }
 
     pub fn decode(ids: &[i64]) -> String {
-        let b: Vec<u8> = ids.iter().filter(|&&i| (0..256).contains(&i)).map(|&i| i as u8).collect();
+        let b: Vec<u8> = ids
+            .iter()
+            .filter(|&&i| (0..256).contains(&i))
+            .map(|&i| i as u8)
+            .collect();
         String::from_utf8_lossy(&b).into_owned()
     }
 }
@@ -31,10 +35,19 @@ pub mod bytes {
 /// A data problem, naming the file and line.
 #[derive(Debug, thiserror::Error)]
 pub enum DataError {
-    #[error("cannot read data {path}: {source} (pass an existing .jsonl or text file with --data)")]
-    Read { path: PathBuf, source: std::io::Error },
+    #[error(
+        "cannot read data {path}: {source} (pass an existing .jsonl or text file with --data)"
+    )]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("{path}:{line}: {message}")]
-    Line { path: PathBuf, line: usize, message: String },
+    Line {
+        path: PathBuf,
+        line: usize,
+        message: String,
+    },
     #[error("{path}: {message}")]
     Invalid { path: PathBuf, message: String },
 }
@@ -63,21 +76,39 @@ struct JsonlRow {
 /// Reads JSONL rows `{"input_ids": [...], "loss_mask": [...]}`; sequences longer than
 /// `seq_len` are truncated.
 pub fn read_jsonl(path: &Path, seq_len: usize, vocab: i64) -> Result<Vec<Sequence>, DataError> {
-    let file = std::fs::File::open(path).map_err(|source| DataError::Read { path: path.into(), source })?;
+    let file = std::fs::File::open(path).map_err(|source| DataError::Read {
+        path: path.into(),
+        source,
+    })?;
     let mut out = Vec::new();
     for (i, line) in BufReader::new(file).lines().enumerate() {
-        let line = line.map_err(|source| DataError::Read { path: path.into(), source })?;
+        let line = line.map_err(|source| DataError::Read {
+            path: path.into(),
+            source,
+        })?;
         if line.trim().is_empty() {
             continue;
         }
-        let at = |message: String| DataError::Line { path: path.into(), line: i + 1, message };
+        let at = |message: String| DataError::Line {
+            path: path.into(),
+            line: i + 1,
+            message,
+        };
         let row: JsonlRow = serde_json::from_str(&line).map_err(|e| at(format!("{e}")))?;
-        let mask = row.loss_mask.unwrap_or_else(|| vec![1; row.input_ids.len()]);
+        let mask = row
+            .loss_mask
+            .unwrap_or_else(|| vec![1; row.input_ids.len()]);
         if mask.len() != row.input_ids.len() {
-            return Err(at(format!("loss_mask has {} entries, input_ids {}", mask.len(), row.input_ids.len())));
+            return Err(at(format!(
+                "loss_mask has {} entries, input_ids {}",
+                mask.len(),
+                row.input_ids.len()
+            )));
         }
         if let Some(bad) = row.input_ids.iter().find(|&&t| t < 0 || t >= vocab) {
-            return Err(at(format!("token id {bad} is outside the target vocabulary 0..{vocab}")));
+            return Err(at(format!(
+                "token id {bad} is outside the target vocabulary 0..{vocab}"
+            )));
         }
         if row.input_ids.len() < 2 {
             continue;
@@ -108,8 +139,15 @@ pub fn text_sequences(text: &str, seq_len: usize) -> Vec<Sequence> {
 }
 
 /// Loads `path` (`.jsonl` or text) and holds out the last `heldout_fraction` of it.
-pub fn load(path: &Path, seq_len: usize, vocab: i64, heldout_fraction: f64) -> Result<Dataset, DataError> {
-    let is_jsonl = path.extension().is_some_and(|e| e == "jsonl" || e == "json");
+pub fn load(
+    path: &Path,
+    seq_len: usize,
+    vocab: i64,
+    heldout_fraction: f64,
+) -> Result<Dataset, DataError> {
+    let is_jsonl = path
+        .extension()
+        .is_some_and(|e| e == "jsonl" || e == "json");
     let seqs = if is_jsonl {
         read_jsonl(path, seq_len, vocab)?
     } else {
@@ -122,7 +160,10 @@ pub fn load(path: &Path, seq_len: usize, vocab: i64, heldout_fraction: f64) -> R
                 ),
             });
         }
-        let text = std::fs::read_to_string(path).map_err(|source| DataError::Read { path: path.into(), source })?;
+        let text = std::fs::read_to_string(path).map_err(|source| DataError::Read {
+            path: path.into(),
+            source,
+        })?;
         text_sequences(&text, seq_len)
     };
     split(seqs, heldout_fraction).ok_or_else(|| DataError::Invalid {
@@ -136,7 +177,9 @@ pub fn synthetic(n: usize, seq_len: usize, vocab: i64, seed: u64) -> Dataset {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let seqs = (0..n)
         .map(|_| Sequence {
-            ids: (0..seq_len).map(|_| rand::Rng::gen_range(&mut rng, 0..vocab)).collect(),
+            ids: (0..seq_len)
+                .map(|_| rand::Rng::gen_range(&mut rng, 0..vocab))
+                .collect(),
             mask: vec![1; seq_len],
         })
         .collect();
@@ -149,7 +192,10 @@ fn split(mut seqs: Vec<Sequence>, heldout_fraction: f64) -> Option<Dataset> {
     }
     let held = ((seqs.len() as f64 * heldout_fraction).round() as usize).min(seqs.len() - 1);
     let heldout = seqs.split_off(seqs.len() - held);
-    Some(Dataset { train: seqs, heldout })
+    Some(Dataset {
+        train: seqs,
+        heldout,
+    })
 }
 
 /// Groups sequences of similar length into batches of at most `batch_tokens` padded
@@ -212,9 +258,22 @@ pub struct Loader {
 }
 
 impl Loader {
-    pub fn new(seqs: Vec<Sequence>, batch_tokens: usize, seed: u64, pad: i64, position: u64) -> Self {
+    pub fn new(
+        seqs: Vec<Sequence>,
+        batch_tokens: usize,
+        seed: u64,
+        pad: i64,
+        position: u64,
+    ) -> Self {
         let batches = plan_batches(&seqs, batch_tokens);
-        Self { seqs, batches, seed, pad, epoch_order: None, position }
+        Self {
+            seqs,
+            batches,
+            seed,
+            pad,
+            epoch_order: None,
+            position,
+        }
     }
 
     pub fn batches_per_epoch(&self) -> usize {
@@ -227,7 +286,9 @@ impl Loader {
         let (epoch, i) = (self.position / n, (self.position % n) as usize);
         if self.epoch_order.as_ref().is_none_or(|(e, _)| *e != epoch) {
             let mut order: Vec<usize> = (0..self.batches.len()).collect();
-            order.shuffle(&mut ChaCha8Rng::seed_from_u64(self.seed.wrapping_add(epoch)));
+            order.shuffle(&mut ChaCha8Rng::seed_from_u64(
+                self.seed.wrapping_add(epoch),
+            ));
             self.epoch_order = Some((epoch, order));
         }
         let b = self.epoch_order.as_ref().expect("just set").1[i];
@@ -243,7 +304,10 @@ mod tests {
     use super::*;
 
     fn seq(n: usize) -> Sequence {
-        Sequence { ids: vec![1; n], mask: vec![1; n] }
+        Sequence {
+            ids: vec![1; n],
+            mask: vec![1; n],
+        }
     }
 
     #[test]
@@ -261,31 +325,66 @@ mod tests {
 
     #[test]
     fn loader_order_is_a_function_of_position() {
-        let seqs: Vec<Sequence> = (0..20).map(|i| Sequence { ids: vec![i; 4], mask: vec![1; 4] }).collect();
+        let seqs: Vec<Sequence> = (0..20)
+            .map(|i| Sequence {
+                ids: vec![i; 4],
+                mask: vec![1; 4],
+            })
+            .collect();
         let mut a = Loader::new(seqs.clone(), 8, 3, 0, 0);
-        let first: Vec<Vec<i64>> = (0..15).map(|_| Vec::try_from(a.next_batch().input_ids.view([-1])).unwrap()).collect();
+        let first: Vec<Vec<i64>> = (0..15)
+            .map(|_| Vec::try_from(a.next_batch().input_ids.view([-1])).unwrap())
+            .collect();
         let mut b = Loader::new(seqs, 8, 3, 0, 7);
-        let rest: Vec<Vec<i64>> = (7..15).map(|_| Vec::try_from(b.next_batch().input_ids.view([-1])).unwrap()).collect();
+        let rest: Vec<Vec<i64>> = (7..15)
+            .map(|_| Vec::try_from(b.next_batch().input_ids.view([-1])).unwrap())
+            .collect();
         assert_eq!(first[7..], rest[..]);
-        assert_ne!(first[..10], first[10..15].iter().chain(&first[..5]).cloned().collect::<Vec<_>>()[..]);
+        assert_ne!(
+            first[..10],
+            first[10..15]
+                .iter()
+                .chain(&first[..5])
+                .cloned()
+                .collect::<Vec<_>>()[..]
+        );
     }
 
     #[test]
     fn collate_pads_with_zero_loss_mask() {
-        let a = Sequence { ids: vec![1, 2, 3], mask: vec![0, 1, 1] };
-        let b = Sequence { ids: vec![4, 5], mask: vec![1, 1] };
+        let a = Sequence {
+            ids: vec![1, 2, 3],
+            mask: vec![0, 1, 1],
+        };
+        let b = Sequence {
+            ids: vec![4, 5],
+            mask: vec![1, 1],
+        };
         let batch = collate(&[&a, &b], 9, 0);
-        assert_eq!(Vec::<i64>::try_from(batch.input_ids.view([-1])).unwrap(), vec![1, 2, 3, 4, 5, 9]);
-        assert_eq!(Vec::<i64>::try_from(batch.loss_mask.view([-1])).unwrap(), vec![0, 1, 1, 1, 1, 0]);
+        assert_eq!(
+            Vec::<i64>::try_from(batch.input_ids.view([-1])).unwrap(),
+            vec![1, 2, 3, 4, 5, 9]
+        );
+        assert_eq!(
+            Vec::<i64>::try_from(batch.loss_mask.view([-1])).unwrap(),
+            vec![0, 1, 1, 1, 1, 0]
+        );
     }
 
     #[test]
     fn jsonl_errors_name_the_line() {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("d.jsonl");
-        std::fs::write(&p, "{\"input_ids\": [1, 2, 3]}\n{\"input_ids\": [1, 2], \"loss_mask\": [1]}\n").unwrap();
+        std::fs::write(
+            &p,
+            "{\"input_ids\": [1, 2, 3]}\n{\"input_ids\": [1, 2], \"loss_mask\": [1]}\n",
+        )
+        .unwrap();
         let e = read_jsonl(&p, 16, 10).unwrap_err().to_string();
-        assert!(e.contains("d.jsonl:2") && e.contains("loss_mask has 1"), "{e}");
+        assert!(
+            e.contains("d.jsonl:2") && e.contains("loss_mask has 1"),
+            "{e}"
+        );
         std::fs::write(&p, "{\"input_ids\": [1, 20]}\n").unwrap();
         let e = read_jsonl(&p, 16, 10).unwrap_err().to_string();
         assert!(e.contains("token id 20"), "{e}");
@@ -296,6 +395,8 @@ mod tests {
         let t = "héllo, world\n";
         assert_eq!(bytes::decode(&bytes::encode(t)), t);
         let s = text_sequences(&"abcdefghij".repeat(10), 16);
-        assert!(s.iter().all(|q| q.ids[0] == bytes::BOS && q.mask[0] == 0 && q.ids.len() <= 16));
+        assert!(s
+            .iter()
+            .all(|q| q.ids[0] == bytes::BOS && q.mask[0] == 0 && q.ids.len() <= 16));
     }
 }

@@ -50,7 +50,10 @@ impl AdamW {
     pub fn new(named: Vec<(String, Tensor)>, cfg: AdamWConfig) -> Result<Self, ModelError> {
         let (names, mut params): (Vec<String>, Vec<Tensor>) = named.into_iter().unzip();
         let kind = params.first().map(|p| p.kind()).unwrap_or(Kind::Float);
-        let flat: Vec<Tensor> = params.iter().map(|p| p.detach().to_kind(Kind::Float).reshape([-1])).collect();
+        let flat: Vec<Tensor> = params
+            .iter()
+            .map(|p| p.detach().to_kind(Kind::Float).reshape([-1]))
+            .collect();
         let master = Tensor::f_cat(&flat, 0)?;
         let model_flat = (kind != Kind::Float).then(|| master.to_kind(kind));
         let backing = model_flat.as_ref().unwrap_or(&master);
@@ -111,13 +114,18 @@ impl AdamW {
                 let _ = self.master.g_mul_scalar_(1.0 - lr * c.weight_decay);
             }
             let _ = self.exp_avg.lerp_(grad, 1.0 - c.beta1);
-            let _ = self.exp_avg_sq.g_mul_scalar_(c.beta2).addcmul_(&(grad * (1.0 - c.beta2)), grad);
+            let _ = self
+                .exp_avg_sq
+                .g_mul_scalar_(c.beta2)
+                .addcmul_(&(grad * (1.0 - c.beta2)), grad);
             let bias1 = 1.0 - c.beta1.powf(t);
             let bias2 = 1.0 - c.beta2.powf(t);
             let denom = (&self.exp_avg_sq / bias2).sqrt() + c.eps;
-            let _ = self.master.addcdiv_(&(&self.exp_avg * (-lr / bias1)), &denom);
+            let _ = self
+                .master
+                .addcdiv_(&(&self.exp_avg * (-lr / bias1)), &denom);
             if let Some(flat) = &mut self.model_flat {
-                let _ = flat.copy_(&self.master);
+                flat.copy_(&self.master);
             }
         });
         for p in &mut self.params {
@@ -136,13 +144,20 @@ impl AdamW {
     }
 
     /// Restores state written by [`AdamW::state`] (shapes must match) and the parameters.
-    pub fn load_state(&mut self, state: &std::collections::HashMap<String, Tensor>) -> Result<(), ModelError> {
+    pub fn load_state(
+        &mut self,
+        state: &std::collections::HashMap<String, Tensor>,
+    ) -> Result<(), ModelError> {
         let get = |k: &str| {
             state
                 .get(k)
                 .ok_or_else(|| ModelError::Checkpoint(format!("optimizer state has no `{k}`")))
         };
-        for (k, dst) in [("master", &mut self.master), ("exp_avg", &mut self.exp_avg), ("exp_avg_sq", &mut self.exp_avg_sq)] {
+        for (k, dst) in [
+            ("master", &mut self.master),
+            ("exp_avg", &mut self.exp_avg),
+            ("exp_avg_sq", &mut self.exp_avg_sq),
+        ] {
             let src = get(k)?;
             if src.size() != dst.size() {
                 return Err(ModelError::Checkpoint(format!(
@@ -193,7 +208,11 @@ mod tests {
         // One parameter [2], grad g: after one step with bias correction,
         // update = lr * g / (|g| + eps) per element (m_hat = g, v_hat = g^2).
         let p = Tensor::from_slice(&[1.0f32, -2.0]).set_requires_grad(true);
-        let mut opt = AdamW::new(vec![("p".into(), p.shallow_clone())], AdamWConfig::default()).unwrap();
+        let mut opt = AdamW::new(
+            vec![("p".into(), p.shallow_clone())],
+            AdamWConfig::default(),
+        )
+        .unwrap();
         let g = Tensor::from_slice(&[0.5f32, -4.0]);
         opt.step(&g, 0.1);
         let got = Vec::<f32>::try_from(&p.detach()).unwrap();

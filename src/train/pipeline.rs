@@ -14,7 +14,9 @@ use rand_chacha::ChaCha8Rng;
 use tch::{Device, Kind, Tensor};
 
 use crate::cuda;
-use crate::model::{self, objective, DrafterConfig, LayerType, ModelError, Qwen3Config, Qwen3ConfigFile};
+use crate::model::{
+    self, objective, DrafterConfig, LayerType, ModelError, Qwen3Config, Qwen3ConfigFile,
+};
 use crate::trace::{self, Recorder, RecorderConfig};
 use crate::trace_name;
 
@@ -93,10 +95,14 @@ pub fn parse_device(s: &str) -> Result<Device, TrainError> {
     let idx = match s {
         "cpu" => return Ok(Device::Cpu),
         "cuda" => Some(0),
-        _ => s.strip_prefix("cuda:").and_then(|n| n.parse::<usize>().ok()),
+        _ => s
+            .strip_prefix("cuda:")
+            .and_then(|n| n.parse::<usize>().ok()),
     };
     let Some(idx) = idx else {
-        return Err(TrainError::Setup(format!("unknown device {s:?}: use cpu, cuda or cuda:N")));
+        return Err(TrainError::Setup(format!(
+            "unknown device {s:?}: use cpu, cuda or cuda:N"
+        )));
     };
     let n = tch::Cuda::device_count() as usize;
     if n == 0 {
@@ -105,7 +111,10 @@ pub fn parse_device(s: &str) -> Result<Device, TrainError> {
         )));
     }
     if idx >= n {
-        return Err(TrainError::Setup(format!("device {s} does not exist: this machine has {n} CUDA device(s), cuda:0..cuda:{}", n - 1)));
+        return Err(TrainError::Setup(format!(
+            "device {s} does not exist: this machine has {n} CUDA device(s), cuda:0..cuda:{}",
+            n - 1
+        )));
     }
     Ok(Device::Cuda(idx))
 }
@@ -166,13 +175,24 @@ struct Plan {
 
 fn plan(cfg: TrainConfig) -> Result<Plan, TrainError> {
     cfg.validate().map_err(TrainError::setup)?;
-    let target_devices = cfg.target_devices.iter().map(|d| parse_device(d)).collect::<Result<Vec<_>, _>>()?;
+    let target_devices = cfg
+        .target_devices
+        .iter()
+        .map(|d| parse_device(d))
+        .collect::<Result<Vec<_>, _>>()?;
     let drafter_device = parse_device(&cfg.drafter_device)?;
     let (source, target_cfg) = match (&cfg.target_preset, &cfg.target) {
-        (Some(_), Some(_)) => return Err(TrainError::Setup("give either target or target_preset, not both".into())),
+        (Some(_), Some(_)) => {
+            return Err(TrainError::Setup(
+                "give either target or target_preset, not both".into(),
+            ))
+        }
         (Some(p), None) => {
-            let c = Qwen3Config::preset(p)
-                .ok_or_else(|| TrainError::Setup(format!("unknown target_preset {p:?}: use realistic or tiny")))?;
+            let c = Qwen3Config::preset(p).ok_or_else(|| {
+                TrainError::Setup(format!(
+                    "unknown target_preset {p:?}: use realistic or tiny"
+                ))
+            })?;
             (TargetSource::Preset(c.clone(), cfg.seed as i64), c)
         }
         (None, dir) => {
@@ -197,23 +217,44 @@ fn plan(cfg: TrainConfig) -> Result<Plan, TrainError> {
     } else {
         target_cfg.vocab_size - 1
     };
-    let mut drafter_cfg = DrafterConfig::for_target(&target_cfg, cfg.drafter_layers, cfg.block_size, mask_id);
+    let mut drafter_cfg =
+        DrafterConfig::for_target(&target_cfg, cfg.drafter_layers, cfg.block_size, mask_id);
     if !cfg.target_layer_ids.is_empty() {
         drafter_cfg.target_layer_ids = cfg.target_layer_ids.clone();
     }
     drafter_cfg.sliding_window = cfg.sliding_window;
-    for t in drafter_cfg.layer_types.iter_mut().take(cfg.sliding_layers as usize) {
+    for t in drafter_cfg
+        .layer_types
+        .iter_mut()
+        .take(cfg.sliding_layers as usize)
+    {
         *t = LayerType::Sliding;
     }
-    drafter_cfg.validate(&target_cfg).map_err(|e| TrainError::Setup(format!("drafter does not fit the target: {e}")))?;
+    drafter_cfg
+        .validate(&target_cfg)
+        .map_err(|e| TrainError::Setup(format!("drafter does not fit the target: {e}")))?;
     let data = match (cfg.synthetic_seq_len, &cfg.data) {
         (Some(len), _) => data::synthetic(64, len, target_cfg.vocab_size, cfg.seed),
         (None, path) => {
             let path = path.clone().unwrap_or_else(default_corpus);
-            data::load(&path, cfg.seq_len, target_cfg.vocab_size, cfg.heldout_fraction).map_err(TrainError::setup)?
+            data::load(
+                &path,
+                cfg.seq_len,
+                target_cfg.vocab_size,
+                cfg.heldout_fraction,
+            )
+            .map_err(TrainError::setup)?
         }
     };
-    Ok(Plan { cfg, target_cfg, source, drafter_cfg, target_devices, drafter_device, data })
+    Ok(Plan {
+        cfg,
+        target_cfg,
+        source,
+        drafter_cfg,
+        target_devices,
+        drafter_device,
+        data,
+    })
 }
 
 /// One item on the hidden-state queue.
@@ -259,7 +300,10 @@ struct WorkerCtx {
 
 fn target_worker(ctx: WorkerCtx) {
     let queue = ctx.queue.clone();
-    let mut guard = FailGuard { queue: &queue, armed: true };
+    let mut guard = FailGuard {
+        queue: &queue,
+        armed: true,
+    };
     match target_loop(ctx) {
         Ok(()) => queue.producer_done(),
         Err(e) => queue.fail(e),
@@ -279,7 +323,10 @@ fn target_loop(ctx: WorkerCtx) -> Result<(), String> {
         _ => None,
     };
     let kind = compute_kind(ctx.device);
-    let target = ctx.source.load(ctx.device, kind).map_err(|e| format!("loading the target: {e}"))?;
+    let target = ctx
+        .source
+        .load(ctx.device, kind)
+        .map_err(|e| format!("loading the target: {e}"))?;
     if let Some(s) = &stream {
         // the drafter reads the embedding and lm_head from its own stream
         s.synchronize().map_err(|e| e.to_string())?;
@@ -296,10 +343,20 @@ fn target_loop(ctx: WorkerCtx) -> Result<(), String> {
     let put_name = trace_name!("queue.put");
     let fail_at = injected_fault("target");
     loop {
-        if fail_at.is_some_and(|n| ctx.loader.lock().unwrap_or_else(|e| e.into_inner()).position >= n) {
+        if fail_at.is_some_and(|n| {
+            ctx.loader
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .position
+                >= n
+        }) {
             return Err("injected fault (DFLASH_INJECT_FAULT)".into());
         }
-        let host = ctx.loader.lock().unwrap_or_else(|e| e.into_inner()).next_batch();
+        let host = ctx
+            .loader
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .next_batch();
         let index = host.index;
         // batch N feeds step N: record the batches of the traced steps, on this side too
         trace::set_thread_recording((ctx.window.0..ctx.window.1).contains(&(index as i64)));
@@ -307,7 +364,8 @@ fn target_loop(ctx: WorkerCtx) -> Result<(), String> {
             let mut s = trace::gpu_span(trace_name!("target.forward"));
             s.arg("batch", index);
             let ids = host.input_ids.to_device(ctx.device);
-            tch::no_grad(|| target.model.forward(&ids, &ctx.taps, false)).map_err(|e| e.to_string())?
+            tch::no_grad(|| target.model.forward(&ids, &ctx.taps, false))
+                .map_err(|e| e.to_string())?
         };
         let features = {
             let _s = trace::gpu_span(trace_name!("target.extract"));
@@ -328,7 +386,12 @@ fn target_loop(ctx: WorkerCtx) -> Result<(), String> {
             span.flow_out(id);
         }
         let item = Item {
-            batch: Batch { input_ids: host.input_ids, loss_mask: host.loss_mask, features, index },
+            batch: Batch {
+                input_ids: host.input_ids,
+                loss_mask: host.loss_mask,
+                features,
+                index,
+            },
             ready,
             flow,
         };
@@ -374,7 +437,9 @@ fn git_revision() -> String {
 
 fn torch_version() -> String {
     // libtorch does not export its version string through tch; the wheel pins it
-    option_env!("DFLASH_TORCH_VERSION").unwrap_or("2.11.0").to_string()
+    option_env!("DFLASH_TORCH_VERSION")
+        .unwrap_or("2.11.0")
+        .to_string()
 }
 
 /// Prepares the run directory: refuses to overwrite another run, writes the effective
@@ -386,11 +451,21 @@ fn prepare_run_dir(dir: &Path, cfg: &TrainConfig, resume: bool) -> Result<(), Tr
             dir.display()
         )));
     }
-    fs::create_dir_all(dir).map_err(|e| TrainError::Setup(format!("cannot create run directory {}: {e}", dir.display())))?;
+    fs::create_dir_all(dir).map_err(|e| {
+        TrainError::Setup(format!(
+            "cannot create run directory {}: {e}",
+            dir.display()
+        ))
+    })?;
     let tmp = dir.join(".config.toml.tmp");
     fs::write(&tmp, cfg.to_toml())
         .and_then(|_| fs::rename(&tmp, dir.join("config.toml")))
-        .map_err(|e| TrainError::Setup(format!("cannot write {}: {e}", dir.join("config.toml").display())))
+        .map_err(|e| {
+            TrainError::Setup(format!(
+                "cannot write {}: {e}",
+                dir.join("config.toml").display()
+            ))
+        })
 }
 
 fn checkpoint_error(e: ModelError) -> TrainError {
@@ -409,9 +484,16 @@ pub fn run(cfg: TrainConfig, opts: &RunOptions) -> Result<RunReport, TrainError>
     let cfg = plan.cfg.clone();
     prepare_run_dir(&opts.run_dir, &cfg, opts.resume)?;
     let resume_from = if opts.resume {
-        Some(checkpoint::latest(&opts.run_dir).map_err(TrainError::setup)?.ok_or_else(|| {
-            TrainError::Setup(format!("--resume: {} has no checkpoint yet", opts.run_dir.display()))
-        })?)
+        Some(
+            checkpoint::latest(&opts.run_dir)
+                .map_err(TrainError::setup)?
+                .ok_or_else(|| {
+                    TrainError::Setup(format!(
+                        "--resume: {} has no checkpoint yet",
+                        opts.run_dir.display()
+                    ))
+                })?,
+        )
     } else {
         None
     };
@@ -424,12 +506,19 @@ pub fn run(cfg: TrainConfig, opts: &RunOptions) -> Result<RunReport, TrainError>
     // the recorder
     let window = cfg.trace_window().map_err(TrainError::setup)?;
     let recorder = if opts.trace {
-        let gpu: Option<Arc<dyn trace::GpuBackend>> = if plan.drafter_device.is_cuda() || plan.target_devices.iter().any(|d| d.is_cuda()) {
-            Some(Arc::new(cuda::CudaEvents::new().map_err(TrainError::setup)?))
+        let gpu: Option<Arc<dyn trace::GpuBackend>> =
+            if plan.drafter_device.is_cuda() || plan.target_devices.iter().any(|d| d.is_cuda()) {
+                Some(Arc::new(
+                    cuda::CudaEvents::new().map_err(TrainError::setup)?,
+                ))
+            } else {
+                None
+            };
+        let name = if cfg.trace_gzip {
+            "trace.json.gz"
         } else {
-            None
+            "trace.json"
         };
-        let name = if cfg.trace_gzip { "trace.json.gz" } else { "trace.json" };
         let mut devices: Vec<String> = cfg.target_devices.clone();
         devices.push(cfg.drafter_device.clone());
         devices.dedup();
@@ -453,7 +542,10 @@ pub fn run(cfg: TrainConfig, opts: &RunOptions) -> Result<RunReport, TrainError>
             active: true,
             ..Default::default()
         };
-        Some(Recorder::start(rc).map_err(|e| TrainError::Setup(format!("cannot start the trace: {e}")))?)
+        Some(
+            Recorder::start(rc)
+                .map_err(|e| TrainError::Setup(format!("cannot start the trace: {e}")))?,
+        )
     } else {
         None
     };
@@ -472,20 +564,37 @@ pub fn run(cfg: TrainConfig, opts: &RunOptions) -> Result<RunReport, TrainError>
 
     // the drafter's init draws from libtorch's global generator: do it before the workers
     // start loading targets (which draw from it too), so a seed gives one drafter
-    let drafter = model::new_drafter(&plan.drafter_cfg, &plan.target_cfg, plan.drafter_device, plan.cfg.seed as i64)
-        .map_err(TrainError::setup)?;
+    let drafter = model::new_drafter(
+        &plan.drafter_cfg,
+        &plan.target_cfg,
+        plan.drafter_device,
+        plan.cfg.seed as i64,
+    )
+    .map_err(TrainError::setup)?;
 
     // target workers
     let start_position = match &resume_from {
         Some(dir) => {
             let p = dir.join("state.json");
-            let text = fs::read_to_string(&p).map_err(|e| TrainError::Setup(format!("{}: {e}", p.display())))?;
-            serde_json::from_str::<RunState>(&text).map_err(|e| TrainError::Setup(format!("{}: {e}", p.display())))?.data_position
+            let text = fs::read_to_string(&p)
+                .map_err(|e| TrainError::Setup(format!("{}: {e}", p.display())))?;
+            serde_json::from_str::<RunState>(&text)
+                .map_err(|e| TrainError::Setup(format!("{}: {e}", p.display())))?
+                .data_position
         }
         None => 0,
     };
-    let loader = Arc::new(Mutex::new(Loader::new(plan.data.train.clone(), cfg.batch_tokens, cfg.seed, bytes::PAD.min(plan.target_cfg.vocab_size - 1), start_position)));
-    let queue = Arc::new(HiddenQueue::<Item>::new(cfg.queue_capacity, plan.target_devices.len()));
+    let loader = Arc::new(Mutex::new(Loader::new(
+        plan.data.train.clone(),
+        cfg.batch_tokens,
+        cfg.seed,
+        bytes::PAD.min(plan.target_cfg.vocab_size - 1),
+        start_position,
+    )));
+    let queue = Arc::new(HiddenQueue::<Item>::new(
+        cfg.queue_capacity,
+        plan.target_devices.len(),
+    ));
     let (head_tx, head_rx) = crossbeam_channel::bounded(1);
     let mut workers: Vec<JoinHandle<()>> = Vec::new();
     for (i, &device) in plan.target_devices.iter().enumerate() {
@@ -507,7 +616,18 @@ pub fn run(cfg: TrainConfig, opts: &RunOptions) -> Result<RunReport, TrainError>
     }
     drop(head_tx);
 
-    let result = drafter_side(&plan, drafter, opts, &queue, &head_rx, resume_from.as_deref(), drafter_stream.as_ref(), recorder.as_ref(), &stop, window);
+    let result = drafter_side(
+        &plan,
+        drafter,
+        opts,
+        &queue,
+        &head_rx,
+        resume_from.as_deref(),
+        drafter_stream.as_ref(),
+        recorder.as_ref(),
+        &stop,
+        window,
+    );
     // stop the producers whatever happened, and wait for them
     queue.stop(match &result {
         Ok(_) => "training finished".into(),
@@ -522,11 +642,16 @@ pub fn run(cfg: TrainConfig, opts: &RunOptions) -> Result<RunReport, TrainError>
         if cfg.sync_sections {
             write_fidelity(&rec, &opts.run_dir, opts.quiet)?;
         }
-        let summary = rec.finish().map_err(|e| TrainError::Runtime(format!("closing the trace: {e}")))?;
+        let summary = rec
+            .finish()
+            .map_err(|e| TrainError::Runtime(format!("closing the trace: {e}")))?;
         report.trace = Some(summary.path);
     }
     let summary_path = opts.run_dir.join("summary.json");
-    let _ = fs::write(&summary_path, serde_json::to_string_pretty(&report).expect("report serializes"));
+    let _ = fs::write(
+        &summary_path,
+        serde_json::to_string_pretty(&report).expect("report serializes"),
+    );
     Ok(report)
 }
 
@@ -558,21 +683,45 @@ fn drafter_side(
     let kind = compute_kind(device);
     let step_cfg = StepConfig {
         num_anchors: cfg.num_anchors,
-        gamma: if cfg.gamma > 0.0 { cfg.gamma } else { objective::default_gamma(cfg.block_size) },
+        gamma: if cfg.gamma > 0.0 {
+            cfg.gamma
+        } else {
+            objective::default_gamma(cfg.block_size)
+        },
         chunk_blocks: cfg.chunk_blocks,
         grad_clip: cfg.grad_clip,
     };
-    let adamw = AdamWConfig { weight_decay: cfg.weight_decay, ..Default::default() };
-    let mut trainer = DrafterTrainer::new(d.model, d.vs, &head.embed, &head.lm_head, kind, step_cfg, adamw).map_err(TrainError::setup)?;
+    let adamw = AdamWConfig {
+        weight_decay: cfg.weight_decay,
+        ..Default::default()
+    };
+    let mut trainer = DrafterTrainer::new(
+        d.model,
+        d.vs,
+        &head.embed,
+        &head.lm_head,
+        kind,
+        step_cfg,
+        adamw,
+    )
+    .map_err(TrainError::setup)?;
     drop(head);
-    let mut state = RunState { step: 0, data_position: 0 };
+    let mut state = RunState {
+        step: 0,
+        data_position: 0,
+    };
     if let Some(dir) = resume_from {
-        state = checkpoint::restore(dir, &mut trainer).map_err(|e| TrainError::Setup(format!("--resume: {e}")))?;
+        state = checkpoint::restore(dir, &mut trainer)
+            .map_err(|e| TrainError::Setup(format!("--resume: {e}")))?;
     }
-    let mut report = RunReport { start_step: state.step, ..Default::default() };
+    let mut report = RunReport {
+        start_step: state.step,
+        ..Default::default()
+    };
     let heldout = heldout_batches(plan, 8);
     if state.step == 0 && !heldout.is_empty() {
-        report.heldout_before = Some(evaluate(plan, &trainer, &heldout).map_err(TrainError::runtime)?);
+        report.heldout_before =
+            Some(evaluate(plan, &trainer, &heldout).map_err(TrainError::runtime)?);
     }
     let metrics_path = opts.run_dir.join("metrics.jsonl");
     let mut metrics_file = fs::OpenOptions::new()
@@ -589,7 +738,9 @@ fn drafter_side(
     let fail_at = injected_fault("drafter");
     while state.step < end {
         if fail_at.is_some_and(|n| state.step as u64 >= n) {
-            return Err(TrainError::Runtime("injected fault (DFLASH_INJECT_FAULT)".into()));
+            return Err(TrainError::Runtime(
+                "injected fault (DFLASH_INJECT_FAULT)".into(),
+            ));
         }
         if stop.load(Ordering::Relaxed) {
             report.stopped_by_signal = true;
@@ -607,9 +758,13 @@ fn drafter_side(
                 queue.wait_ready()
             };
             let mut span = trace::queue_span(get_name);
-            let got = queue.get().map_err(|e| TrainError::Runtime(e.to_string()))?;
+            let got = queue
+                .get()
+                .map_err(|e| TrainError::Runtime(e.to_string()))?;
             let Some((item, info)) = got else {
-                return Err(TrainError::Runtime("the target workers stopped early".into()));
+                return Err(TrainError::Runtime(
+                    "the target workers stopped early".into(),
+                ));
             };
             if let Some(flow) = item.flow {
                 span.flow_in(flow);
@@ -629,7 +784,9 @@ fn drafter_side(
         let mut rng = ChaCha8Rng::seed_from_u64(step_seed(cfg.seed, step));
         let m: StepMetrics = {
             let mut span = trace::span(trace_name!("drafter.step"));
-            let m = trainer.train_step(&item.batch, &mut rng, lr).map_err(TrainError::runtime)?;
+            let m = trainer
+                .train_step(&item.batch, &mut rng, lr)
+                .map_err(TrainError::runtime)?;
             span.arg("step", step as u64);
             span.arg("tokens", m.tokens as u64);
             span.arg("loss", m.loss);
@@ -638,7 +795,10 @@ fn drafter_side(
         drop(profiler_step);
         drop(item);
         if !m.loss.is_finite() {
-            return Err(TrainError::Runtime(format!("the loss became {} at step {step}; lower the learning rate (--set lr=...)", m.loss)));
+            return Err(TrainError::Runtime(format!(
+                "the loss became {} at step {step}; lower the learning rate (--set lr=...)",
+                m.loss
+            )));
         }
         let dt = t0.elapsed();
         state.step += 1;
@@ -670,11 +830,23 @@ fn drafter_side(
             log_window = (Instant::now(), 0, Duration::ZERO);
         }
         if let Some(rec) = recorder {
-            if cfg.summary_every > 0 && !cfg.sync_sections && (window.0..window.1).contains(&step) && state.step % cfg.summary_every == 0 && !opts.quiet {
-                eprintln!("{}", live_summary(&rec.stats_snapshot(), trainer.drafter.layers.len()));
+            if cfg.summary_every > 0
+                && !cfg.sync_sections
+                && (window.0..window.1).contains(&step)
+                && state.step % cfg.summary_every == 0
+                && !opts.quiet
+            {
+                eprintln!(
+                    "{}",
+                    live_summary(&rec.stats_snapshot(), trainer.drafter.layers.len())
+                );
             }
         }
-        if cfg.save_checkpoints && cfg.checkpoint_every > 0 && state.step % cfg.checkpoint_every == 0 && state.step < end {
+        if cfg.save_checkpoints
+            && cfg.checkpoint_every > 0
+            && state.step % cfg.checkpoint_every == 0
+            && state.step < end
+        {
             checkpoint::save(&opts.run_dir, &trainer, state).map_err(checkpoint_error)?;
         }
     }
@@ -685,11 +857,17 @@ fn drafter_side(
     }
     if cfg.save_checkpoints {
         checkpoint::save(&opts.run_dir, &trainer, state).map_err(checkpoint_error)?;
-        model::save_drafter(&trainer.vs, &trainer.drafter.cfg, &opts.run_dir.join("drafter")).map_err(checkpoint_error)?;
+        model::save_drafter(
+            &trainer.vs,
+            &trainer.drafter.cfg,
+            &opts.run_dir.join("drafter"),
+        )
+        .map_err(checkpoint_error)?;
     }
     trace::set_thread_recording(false);
     if !heldout.is_empty() && !report.stopped_by_signal {
-        report.heldout_after = Some(evaluate(plan, &trainer, &heldout).map_err(TrainError::runtime)?);
+        report.heldout_after =
+            Some(evaluate(plan, &trainer, &heldout).map_err(TrainError::runtime)?);
     }
     if report.stopped_by_signal && !opts.quiet {
         eprintln!(
@@ -713,27 +891,41 @@ fn heldout_batches(plan: &Plan, max: usize) -> Vec<data::HostBatch> {
 
 /// Loss, accuracy and tau_hat on held-out batches, with a target loaded on the drafter's
 /// device (anchors drawn with a fixed seed, so before/after figures are comparable).
-fn evaluate(plan: &Plan, trainer: &DrafterTrainer, batches: &[data::HostBatch]) -> Result<Eval, String> {
-    let target = plan.source.load(trainer.device, trainer.kind).map_err(|e| e.to_string())?;
+fn evaluate(
+    plan: &Plan,
+    trainer: &DrafterTrainer,
+    batches: &[data::HostBatch],
+) -> Result<Eval, String> {
+    let target = plan
+        .source
+        .load(trainer.device, trainer.kind)
+        .map_err(|e| e.to_string())?;
     let taps = &plan.drafter_cfg.target_layer_ids;
     let mut sum = Eval::default();
     let mut rng = ChaCha8Rng::seed_from_u64(12345);
     for b in batches {
         let ids = b.input_ids.to_device(trainer.device);
-        let out = tch::no_grad(|| target.model.forward(&ids, taps, false)).map_err(|e| e.to_string())?;
+        let out =
+            tch::no_grad(|| target.model.forward(&ids, taps, false)).map_err(|e| e.to_string())?;
         let batch = Batch {
             input_ids: b.input_ids.shallow_clone(),
             loss_mask: b.loss_mask.shallow_clone(),
             features: Tensor::cat(&out.hidden, -1),
             index: b.index,
         };
-        let m = trainer.evaluate(&batch, &mut rng).map_err(|e| e.to_string())?;
+        let m = trainer
+            .evaluate(&batch, &mut rng)
+            .map_err(|e| e.to_string())?;
         sum.loss += m.loss;
         sum.accuracy += m.accuracy;
         sum.tau_hat += m.tau_hat;
     }
     let n = batches.len() as f64;
-    Ok(Eval { loss: sum.loss / n, accuracy: sum.accuracy / n, tau_hat: sum.tau_hat / n })
+    Ok(Eval {
+        loss: sum.loss / n,
+        accuracy: sum.accuracy / n,
+        tau_hat: sum.tau_hat / n,
+    })
 }
 
 /// Validation mode: compares, per section, the mean CUDA-event GPU time with the mean
@@ -748,7 +940,9 @@ fn write_fidelity(rec: &Recorder, run_dir: &Path, quiet: bool) -> Result<(), Tra
     let sync = super::step::take_sync_times();
     let mut rows = Vec::new();
     for (name, (count, total)) in &sync {
-        let Some(s) = stats.names.iter().find(|s| &*s.text == name.as_str()) else { continue };
+        let Some(s) = stats.names.iter().find(|s| &*s.text == name.as_str()) else {
+            continue;
+        };
         if s.gpu_count == 0 {
             continue;
         }
@@ -763,7 +957,11 @@ fn write_fidelity(rec: &Recorder, run_dir: &Path, quiet: bool) -> Result<(), Tra
         }
     }
     let path = run_dir.join("fidelity.json");
-    fs::write(&path, serde_json::to_string_pretty(&rows).expect("serializes")).map_err(|e| TrainError::Runtime(format!("{}: {e}", path.display())))
+    fs::write(
+        &path,
+        serde_json::to_string_pretty(&rows).expect("serializes"),
+    )
+    .map_err(|e| TrainError::Runtime(format!("{}: {e}", path.display())))
 }
 
 /// One line: share of the step per top-level drafter section, queue waits on both sides,
@@ -773,19 +971,48 @@ fn live_summary(stats: &trace::Stats, layers: usize) -> String {
     let step_cpu = get("drafter.step").map_or(0, |s| s.cpu_ns).max(1) as f64;
     let steps = get("drafter.step").map_or(0, |s| s.count).max(1) as f64;
     let mut parts: Vec<(String, u64)> = [
-        "drafter.h2d", "drafter.anchors", "drafter.noise_embed", "drafter.rope", "drafter.mask", "drafter.fc",
-        "drafter.norm", "drafter.lm_head_loss", "drafter.backward", "drafter.clip", "drafter.optimizer",
+        "drafter.h2d",
+        "drafter.anchors",
+        "drafter.noise_embed",
+        "drafter.rope",
+        "drafter.mask",
+        "drafter.fc",
+        "drafter.norm",
+        "drafter.lm_head_loss",
+        "drafter.backward",
+        "drafter.clip",
+        "drafter.optimizer",
     ]
     .iter()
     .filter_map(|n| get(n).map(|s| (n.trim_start_matches("drafter.").to_string(), s.cpu_ns)))
     .collect();
-    let layer_ns: u64 = (0..layers).filter_map(|i| get(&format!("drafter.layer.{i}"))).map(|s| s.cpu_ns).sum();
+    let layer_ns: u64 = (0..layers)
+        .filter_map(|i| get(&format!("drafter.layer.{i}")))
+        .map(|s| s.cpu_ns)
+        .sum();
     parts.push(("layers".into(), layer_ns));
-    parts.sort_by(|a, b| b.1.cmp(&a.1));
-    let shares: Vec<String> = parts.iter().take(6).map(|(n, ns)| format!("{n} {:.0}%", 100.0 * *ns as f64 / step_cpu)).collect();
+    parts.sort_by_key(|p| std::cmp::Reverse(p.1));
+    let shares: Vec<String> = parts
+        .iter()
+        .take(6)
+        .map(|(n, ns)| format!("{n} {:.0}%", 100.0 * *ns as f64 / step_cpu))
+        .collect();
     let wait = |n: &str| get(n).map_or(0.0, |s| s.cpu_ns as f64 / 1e6 / steps);
-    let gpu: u64 = stats.names.iter().filter(|s| s.text.starts_with("drafter.") && s.text.matches('.').count() == 1 && &*s.text != "drafter.step").map(|s| s.gpu_ns).sum();
-    let gpu_part = if gpu > 0 { format!("  gpu/cpu {:.2}", gpu as f64 / step_cpu) } else { String::new() };
+    let gpu: u64 = stats
+        .names
+        .iter()
+        .filter(|s| {
+            s.text.starts_with("drafter.")
+                && s.text.matches('.').count() == 1
+                && &*s.text != "drafter.step"
+        })
+        .map(|s| s.gpu_ns)
+        .sum();
+    let gpu_part = if gpu > 0 {
+        format!("  gpu/cpu {:.2}", gpu as f64 / step_cpu)
+    } else {
+        String::new()
+    };
     format!(
         "  profile: step {:.1} ms = {}  | queue wait: drafter {:.1} ms, target {:.1} ms per step{}",
         step_cpu / 1e6 / steps,

@@ -24,13 +24,21 @@ pub struct PretrainConfig {
 
 /// Trains `cfg`'s model on the byte-tokenized `text`, saves it (bf16) to `out`, and
 /// returns (first loss, last loss, held-out loss).
-pub fn pretrain(text: &str, model_cfg: &Qwen3Config, cfg: &PretrainConfig, out: &Path, quiet: bool) -> Result<(f64, f64, f64), ModelError> {
+pub fn pretrain(
+    text: &str,
+    model_cfg: &Qwen3Config,
+    cfg: &PretrainConfig,
+    out: &Path,
+    quiet: bool,
+) -> Result<(f64, f64, f64), ModelError> {
     let ids = bytes::encode(text);
     let split = ids.len() * 95 / 100;
     let (train, held) = ids.split_at(split);
     let seq = cfg.seq_len as usize;
     if train.len() < seq + 2 || held.len() < seq + 2 {
-        return Err(ModelError::Config(format!("the corpus is too short for seq_len {seq}")));
+        return Err(ModelError::Config(format!(
+            "the corpus is too short for seq_len {seq}"
+        )));
     }
     let mut target = model::random_target(model_cfg, Device::Cpu, Kind::Float, cfg.seed as i64);
     let mut named: Vec<(String, Tensor)> = target.vs.variables().into_iter().collect();
@@ -38,7 +46,13 @@ pub fn pretrain(text: &str, model_cfg: &Qwen3Config, cfg: &PretrainConfig, out: 
     for (_, t) in &mut named {
         let _ = t.set_requires_grad(true);
     }
-    let mut opt = AdamW::new(named, AdamWConfig { weight_decay: 0.01, ..Default::default() })?;
+    let mut opt = AdamW::new(
+        named,
+        AdamWConfig {
+            weight_decay: 0.01,
+            ..Default::default()
+        },
+    )?;
     let mut rng = ChaCha8Rng::seed_from_u64(cfg.seed);
     let sample = |rng: &mut ChaCha8Rng, src: &[i64]| -> Tensor {
         let mut rows = Vec::with_capacity(cfg.batch as usize * (seq + 1));
@@ -52,8 +66,14 @@ pub fn pretrain(text: &str, model_cfg: &Qwen3Config, cfg: &PretrainConfig, out: 
     let loss_of = |t: &model::LoadedTarget, batch: &Tensor| -> Result<Tensor, ModelError> {
         let inputs = batch.narrow(1, 0, seq as i64);
         let labels = batch.narrow(1, 1, seq as i64);
-        let logits = t.model.forward(&inputs, &[], true)?.logits.expect("asked for logits");
-        Ok(logits.reshape([-1, model_cfg.vocab_size]).cross_entropy_for_logits(&labels.reshape([-1])))
+        let logits = t
+            .model
+            .forward(&inputs, &[], true)?
+            .logits
+            .expect("asked for logits");
+        Ok(logits
+            .reshape([-1, model_cfg.vocab_size])
+            .cross_entropy_for_logits(&labels.reshape([-1])))
     };
     let (mut first, mut last) = (f64::NAN, f64::NAN);
     let start = Instant::now();
@@ -71,7 +91,12 @@ pub fn pretrain(text: &str, model_cfg: &Qwen3Config, cfg: &PretrainConfig, out: 
         }
         last = l;
         if !quiet && (step + 1) % 50 == 0 {
-            eprintln!("pretrain step {:>5}/{}  loss {l:.4}  {:.1}s", step + 1, cfg.steps, start.elapsed().as_secs_f64());
+            eprintln!(
+                "pretrain step {:>5}/{}  loss {l:.4}  {:.1}s",
+                step + 1,
+                cfg.steps,
+                start.elapsed().as_secs_f64()
+            );
         }
     }
     let held_loss = tch::no_grad(|| -> Result<f64, ModelError> {
@@ -89,5 +114,8 @@ pub fn pretrain(text: &str, model_cfg: &Qwen3Config, cfg: &PretrainConfig, out: 
 
 /// Reads the corpus text for pretraining.
 pub fn read_corpus(path: &Path) -> Result<String, data::DataError> {
-    std::fs::read_to_string(path).map_err(|source| data::DataError::Read { path: path.into(), source })
+    std::fs::read_to_string(path).map_err(|source| data::DataError::Read {
+        path: path.into(),
+        source,
+    })
 }

@@ -73,7 +73,10 @@ impl<T> HiddenQueue<T> {
         let depth = st.items.len();
         drop(st);
         self.not_empty.notify_one();
-        Ok(OpInfo { wait: start.elapsed(), depth })
+        Ok(OpInfo {
+            wait: start.elapsed(),
+            depth,
+        })
     }
 
     /// Blocks while the queue is empty. `Ok(None)` when every producer finished and the
@@ -89,7 +92,13 @@ impl<T> HiddenQueue<T> {
                 let depth = st.items.len();
                 drop(st);
                 self.not_full.notify_one();
-                return Ok(Some((item, OpInfo { wait: start.elapsed(), depth })));
+                return Ok(Some((
+                    item,
+                    OpInfo {
+                        wait: start.elapsed(),
+                        depth,
+                    },
+                )));
             }
             if st.producers == 0 || st.closed.is_some() {
                 return Ok(None);

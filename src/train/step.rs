@@ -77,7 +77,9 @@ pub struct Section {
 pub fn section(name: Name, device: Device) -> Section {
     let sync = match device {
         Device::Cuda(i) if SYNC_SECTIONS.load(Ordering::Relaxed) && trace::enabled() => {
-            cuda::current_stream(i).ok().and_then(|s| s.synchronize().ok().map(|_| (name, s, Instant::now())))
+            cuda::current_stream(i)
+                .ok()
+                .and_then(|s| s.synchronize().ok().map(|_| (name, s, Instant::now())))
         }
         _ => None,
     };
@@ -163,7 +165,11 @@ impl DrafterTrainer {
 
     /// Forward pass and loss of one batch, instrumented. Returns the loss output and the
     /// weight mask `m`.
-    pub fn forward(&self, batch: &Batch, rng: &mut impl Rng) -> Result<(LossOutput, Tensor), ModelError> {
+    pub fn forward(
+        &self,
+        batch: &Batch,
+        rng: &mut impl Rng,
+    ) -> Result<(LossOutput, Tensor), ModelError> {
         let cfg = &self.drafter.cfg;
         let bs = cfg.block_size;
         let s = batch.input_ids.size()[1];
@@ -171,7 +177,10 @@ impl DrafterTrainer {
             let _s = section(trace_name!("drafter.h2d"), self.device);
             (
                 batch.input_ids.f_to_device(self.device)?,
-                batch.features.f_to_device(self.device)?.f_to_kind(self.kind)?,
+                batch
+                    .features
+                    .f_to_device(self.device)?
+                    .f_to_kind(self.kind)?,
             )
         };
         let anchors = {
@@ -184,7 +193,8 @@ impl DrafterTrainer {
         };
         let noise = {
             let _s = section(trace_name!("drafter.noise_embed"), self.device);
-            let ids = objective::noise_block_ids(&input_ids, &anchors.anchors, bs, cfg.mask_token_id);
+            let ids =
+                objective::noise_block_ids(&input_ids, &anchors.anchors, bs, cfg.mask_token_id);
             Tensor::embedding(&self.embed, &ids, -1, false, false)
         };
         let rope = {
@@ -196,7 +206,13 @@ impl DrafterTrainer {
             let _s = section(trace_name!("drafter.mask"), self.device);
             let full = objective::block_mask(&anchors.anchors, &anchors.keep, s, bs, None);
             let sliding = cfg.layer_types.contains(&LayerType::Sliding).then(|| {
-                objective::block_mask(&anchors.anchors, &anchors.keep, s, bs, Some(cfg.sliding_window))
+                objective::block_mask(
+                    &anchors.anchors,
+                    &anchors.keep,
+                    s,
+                    bs,
+                    Some(cfg.sliding_window),
+                )
             });
             LayerMasks { full, sliding }
         };
@@ -221,13 +237,31 @@ impl DrafterTrainer {
             self.drafter.final_norm(&x)
         };
         let _s = section(trace_name!("drafter.lm_head_loss"), self.device);
-        let (labels, m) = objective::labels_and_mask(&input_ids, &batch.loss_mask, &anchors.anchors, &anchors.keep, bs);
-        let out = objective::weighted_ce_chunked(&hidden, &self.lm_head, &labels, &m, &self.weights, self.cfg.chunk_blocks);
+        let (labels, m) = objective::labels_and_mask(
+            &input_ids,
+            &batch.loss_mask,
+            &anchors.anchors,
+            &anchors.keep,
+            bs,
+        );
+        let out = objective::weighted_ce_chunked(
+            &hidden,
+            &self.lm_head,
+            &labels,
+            &m,
+            &self.weights,
+            self.cfg.chunk_blocks,
+        );
         Ok((out, m))
     }
 
     /// Forward, backward, clip and AdamW update at learning rate `lr`.
-    pub fn train_step(&mut self, batch: &Batch, rng: &mut impl Rng, lr: f64) -> Result<StepMetrics, ModelError> {
+    pub fn train_step(
+        &mut self,
+        batch: &Batch,
+        rng: &mut impl Rng,
+        lr: f64,
+    ) -> Result<StepMetrics, ModelError> {
         let (out, m) = self.forward(batch, rng)?;
         {
             let _s = section(trace_name!("drafter.backward"), self.device);
