@@ -68,6 +68,22 @@ fn cpu_trace_has_every_section_nested_with_metadata() {
     );
     assert_eq!(trace["distributedInfo"]["rank"], 0);
 
+    check_structure(
+        &trace,
+        2,
+        &[
+            "ProfilerStep#2",
+            "ProfilerStep#3",
+            "ProfilerStep#4",
+            "ProfilerStep#5",
+        ],
+    );
+}
+
+/// Structure every trace of a training run must have: all documented sections, the
+/// traced steps as `ProfilerStep#N` with `drafter.step` args, queue args and counters,
+/// proper nesting on every track, drafter sections inside their step, matched flows.
+fn check_structure(trace: &Value, layers: usize, want_steps: &[&str]) {
     let xs = spans(&trace);
     let names: BTreeSet<&str> = xs.iter().map(|e| e["name"].as_str().unwrap()).collect();
     let mut required: Vec<String> = [
@@ -91,7 +107,7 @@ fn cpu_trace_has_every_section_nested_with_metadata() {
     .iter()
     .map(|s| s.to_string())
     .collect();
-    for i in 0..2 {
+    for i in 0..layers {
         required.extend([
             format!("drafter.layer.{i}"),
             format!("drafter.layer.{i}.attn"),
@@ -101,21 +117,13 @@ fn cpu_trace_has_every_section_nested_with_metadata() {
     for r in &required {
         assert!(names.contains(r.as_str()), "missing {r}");
     }
-    // traced steps only: ProfilerStep#2..#5, each with a drafter.step carrying args
+    // traced steps only, each with a drafter.step carrying args
     let steps: Vec<&&Value> = xs
         .iter()
         .filter(|e| e["name"].as_str().unwrap().starts_with("ProfilerStep#"))
         .collect();
     let ids: BTreeSet<&str> = steps.iter().map(|e| e["name"].as_str().unwrap()).collect();
-    assert_eq!(
-        ids,
-        BTreeSet::from([
-            "ProfilerStep#2",
-            "ProfilerStep#3",
-            "ProfilerStep#4",
-            "ProfilerStep#5"
-        ])
-    );
+    assert_eq!(ids, want_steps.iter().copied().collect::<BTreeSet<&str>>());
     for e in xs.iter().filter(|e| e["name"] == "drafter.step") {
         assert!(
             e["args"]["step"].is_u64()
@@ -157,7 +165,7 @@ fn cpu_trace_has_every_section_nested_with_metadata() {
         });
         let mut open: Vec<(f64, f64, &str)> = Vec::new();
         for s in v {
-            while open.last().is_some_and(|o| o.1 <= s.0) {
+            while open.last().is_some_and(|o| o.1 <= s.0 + 1e-3) {
                 open.pop();
             }
             if let Some(parent) = open.last() {
@@ -311,4 +319,86 @@ fn sigkill_leaves_a_trace_the_analyzer_loads() {
         names.contains(&"drafter.backward") && names.contains(&"target.forward"),
         "{names:?}"
     );
+}
+
+/// A real H200 trace (committed by the GPU runs, see docs/gpu-results.md): the same
+/// structure, plus GPU spans on their own GPU tracks, every GPU span joined to its CPU
+/// span by a flow, never before it, and the drafter's GPU spans inside their step.
+#[test]
+fn recorded_gpu_trace_has_matched_flows_and_gpu_spans_inside_their_steps() {
+    let path =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/traces/h200-realistic-perf.json.gz");
+    let mut text = String::new();
+    std::io::Read::read_to_string(
+        &mut flate2::read::GzDecoder::new(std::fs::File::open(path).unwrap()),
+        &mut text,
+    )
+    .unwrap();
+    let trace: Value = serde_json::from_str(&text).unwrap();
+    let want: Vec<String> = (20..40).map(|i| format!("ProfilerStep#{i}")).collect();
+    check_structure(
+        &trace,
+        3,
+        &want.iter().map(|s| s.as_str()).collect::<Vec<_>>(),
+    );
+    assert_eq!(trace["metadata"]["gpu_timing"], "cuda-events");
+    let xs = spans(&trace);
+    let gpu: Vec<&&Value> = xs.iter().filter(|e| e["cat"] == "gpu").collect();
+    assert!(gpu.len() > 100);
+    let cpu_by_flow: BTreeMap<u64, &&Value> = xs
+        .iter()
+        .filter(|e| e["cat"] == "cpu" && e["flow_out"] == true)
+        .map(|e| (e["bind_id"].as_u64().unwrap(), e))
+        .collect();
+    let trainer_pid = xs.iter().find(|e| e["name"] == "drafter.step").unwrap()["pid"]
+        .as_u64()
+        .unwrap();
+    let steps: BTreeMap<u64, (f64, f64)> = xs
+        .iter()
+        .filter(|e| e["pid"].as_u64() == Some(trainer_pid))
+        .filter_map(|e| {
+            let n = e["name"]
+                .as_str()?
+                .strip_prefix("ProfilerStep#")?
+                .parse()
+                .ok()?;
+            let ts = e["ts"].as_f64()?;
+            Some((n, (ts, ts + e["dur"].as_f64()?)))
+        })
+        .collect();
+    for g in &gpu {
+        assert_ne!(
+            g["pid"].as_u64(),
+            Some(trainer_pid),
+            "GPU spans live on the GPU process"
+        );
+        let cpu = cpu_by_flow
+            .get(&g["bind_id"].as_u64().unwrap())
+            .expect("every GPU span has its CPU span");
+        assert_eq!(cpu["name"], g["name"]);
+        let (gts, cts) = (g["ts"].as_f64().unwrap(), cpu["ts"].as_f64().unwrap());
+        assert!(
+            gts >= cts,
+            "{} starts on the GPU before its launch",
+            g["name"]
+        );
+        if g["name"].as_str().unwrap().starts_with("drafter.") {
+            let step = g["args"]["step"]
+                .as_u64()
+                .expect("drafter GPU spans carry their step");
+            let (a, b) = steps[&step];
+            let end = gts + g["dur"].as_f64().unwrap();
+            assert!(
+                a <= gts && end <= b + 1.0,
+                "{} of step {step} [{gts}, {end}] outside [{a}, {b}]",
+                g["name"]
+            );
+        }
+    }
+    // one GPU track per worker stream
+    let tracks: BTreeSet<(u64, u64)> = gpu
+        .iter()
+        .map(|e| (e["pid"].as_u64().unwrap(), e["tid"].as_u64().unwrap()))
+        .collect();
+    assert_eq!(tracks.len(), 2, "{tracks:?}");
 }
