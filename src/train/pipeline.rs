@@ -838,7 +838,11 @@ fn drafter_side(
             {
                 eprintln!(
                     "{}",
-                    live_summary(&rec.stats_snapshot(), trainer.drafter.layers.len())
+                    live_summary(
+                        &rec.stats_snapshot(),
+                        trainer.drafter.layers.len(),
+                        m.tokens
+                    )
                 );
             }
         }
@@ -966,7 +970,7 @@ fn write_fidelity(rec: &Recorder, run_dir: &Path, quiet: bool) -> Result<(), Tra
 
 /// One line: share of the step per top-level drafter section, queue waits on both sides,
 /// GPU vs CPU time of the step, from the recorder's totals since the last line.
-fn live_summary(stats: &trace::Stats, layers: usize) -> String {
+fn live_summary(stats: &trace::Stats, layers: usize, tokens_per_step: i64) -> String {
     let get = |n: &str| stats.names.iter().find(|s| &*s.text == n);
     let step_cpu = get("drafter.step").map_or(0, |s| s.cpu_ns).max(1) as f64;
     let steps = get("drafter.step").map_or(0, |s| s.count).max(1) as f64;
@@ -1014,10 +1018,11 @@ fn live_summary(stats: &trace::Stats, layers: usize) -> String {
         String::new()
     };
     format!(
-        "  profile: step {:.1} ms = {}  | queue wait: drafter {:.1} ms, target {:.1} ms per step{}",
+        "  profile: step {:.1} ms ({:.0} tok/s) = {}  | queue wait: drafter {:.1} ms, target {:.1} ms per step{}",
         step_cpu / 1e6 / steps,
+        tokens_per_step as f64 / (step_cpu / 1e9 / steps),
         shares.join(", "),
-        wait("queue.get"),
+        wait("queue.wait") + wait("queue.get"),
         wait("queue.put"),
         gpu_part
     )
