@@ -7,22 +7,10 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use assert_cmd::cargo::CommandCargoExt;
 use serde_json::Value;
 
-const SMALL: &[&str] = &[
-    "--set",
-    "seq_len=128",
-    "--set",
-    "batch_tokens=1024",
-    "--set",
-    "num_anchors=16",
-    "--quiet",
-];
-
-fn dflash() -> Command {
-    Command::cargo_bin("dflash").unwrap()
-}
+mod common;
+use common::{dflash, spawn_endless_traced, wait_for_steps, SMALL};
 
 fn load(path: &Path) -> Value {
     serde_json::from_str(&std::fs::read_to_string(path).unwrap())
@@ -219,19 +207,7 @@ fn check_structure(trace: &Value, layers: usize, want_steps: &[&str]) {
 fn sigint_stops_cleanly_with_a_complete_trace_and_a_checkpoint() {
     let dir = tempfile::tempdir().unwrap();
     let run = dir.path().join("run");
-    let mut child = dflash()
-        .args([
-            "train",
-            "--steps",
-            "100000",
-            "--trace-steps",
-            "0..100000",
-            "--trace",
-        ])
-        .arg(&run)
-        .args(SMALL)
-        .spawn()
-        .unwrap();
+    let mut child = spawn_endless_traced(&run);
     wait_for_steps(&run, 3);
     unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
     let status = child.wait().unwrap();
@@ -258,36 +234,11 @@ fn analyzer() -> std::path::PathBuf {
     bin
 }
 
-fn wait_for_steps(run: &Path, n: usize) {
-    for _ in 0..600 {
-        let lines = std::fs::read_to_string(run.join("metrics.jsonl"))
-            .map(|s| s.lines().count())
-            .unwrap_or(0);
-        if lines >= n {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    panic!("training did not reach {n} steps");
-}
-
 #[test]
 fn sigkill_leaves_a_trace_the_analyzer_loads() {
     let dir = tempfile::tempdir().unwrap();
     let run = dir.path().join("run");
-    let mut child = dflash()
-        .args([
-            "train",
-            "--steps",
-            "100000",
-            "--trace-steps",
-            "0..100000",
-            "--trace",
-        ])
-        .arg(&run)
-        .args(SMALL)
-        .spawn()
-        .unwrap();
+    let mut child = spawn_endless_traced(&run);
     wait_for_steps(&run, 4);
     // the recorder flushes at least every 500 ms
     std::thread::sleep(Duration::from_millis(1200));

@@ -1,37 +1,9 @@
 //! End to end on the CPU through the `dflash` binary: the embedded default learns,
 //! resume equals a straight run, shutdown propagates both ways, and user errors exit 2
 //! with one line naming the problem and leave no run directory behind.
-use std::path::Path;
-use std::process::Command;
 
-use assert_cmd::cargo::CommandCargoExt;
-
-/// A small slice of the embedded default: short sequences, few anchors.
-const SMALL: &[&str] = &[
-    "--set",
-    "seq_len=128",
-    "--set",
-    "batch_tokens=1024",
-    "--set",
-    "num_anchors=16",
-    "--quiet",
-];
-
-fn dflash() -> Command {
-    Command::cargo_bin("dflash").unwrap()
-}
-
-fn losses(run: &Path) -> Vec<f64> {
-    std::fs::read_to_string(run.join("metrics.jsonl"))
-        .unwrap()
-        .lines()
-        .map(|l| {
-            serde_json::from_str::<serde_json::Value>(l).unwrap()["loss"]
-                .as_f64()
-                .unwrap()
-        })
-        .collect()
-}
+mod common;
+use common::{dflash, losses, train_ok, SMALL};
 
 fn mean(v: &[f64]) -> f64 {
     v.iter().sum::<f64>() / v.len() as f64
@@ -41,17 +13,7 @@ fn mean(v: &[f64]) -> f64 {
 fn default_slice_trains_and_the_loss_falls() {
     let dir = tempfile::tempdir().unwrap();
     let run = dir.path().join("run");
-    let out = dflash()
-        .args(["train", "--steps", "30", "--run-dir"])
-        .arg(&run)
-        .args(SMALL)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    train_ok(&run, &["--steps", "30"]);
     let l = losses(&run);
     assert_eq!(l.len(), 30);
     assert!(mean(&l[25..]) < 0.85 * mean(&l[..5]), "{l:?}");
@@ -70,23 +32,11 @@ fn default_slice_trains_and_the_loss_falls() {
 fn ten_steps_plus_resume_ten_equals_twenty_straight() {
     let dir = tempfile::tempdir().unwrap();
     let (a, b) = (dir.path().join("a"), dir.path().join("b"));
-    let ok = |c: &mut Command| {
-        let o = c.output().unwrap();
-        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    };
-    ok(dflash()
-        .args(["train", "--steps", "20", "--run-dir"])
-        .arg(&a)
-        .args(SMALL));
-    ok(dflash()
-        .args(["train", "--steps", "20", "--stop-after", "10", "--run-dir"])
-        .arg(&b)
-        .args(SMALL));
+    train_ok(&a, &["--steps", "20"]);
+    train_ok(&b, &["--steps", "20", "--stop-after", "10"]);
     assert_eq!(losses(&b).len(), 10);
-    ok(dflash()
-        .args(["train", "--resume", "--run-dir"])
-        .arg(&b)
-        .args(["--quiet"]));
+    // the resumed run takes its settings from the run directory
+    train_ok(&b, &["--resume"]);
     let (la, lb) = (losses(&a), losses(&b));
     assert_eq!(lb.len(), 20);
     for (i, (x, y)) in la.iter().zip(&lb).enumerate() {
@@ -212,13 +162,7 @@ fn user_errors_exit_2_with_one_line_and_no_run_directory() {
     }
     // a run directory that already holds a run is not overwritten
     let run = dir.path().join("done");
-    let o = dflash()
-        .args(["train", "--steps", "2", "--run-dir"])
-        .arg(&run)
-        .args(SMALL)
-        .output()
-        .unwrap();
-    assert!(o.status.success());
+    train_ok(&run, &["--steps", "2"]);
     let o = dflash()
         .args(["train", "--steps", "2", "--run-dir"])
         .arg(&run)
@@ -259,23 +203,9 @@ fn pipeline_equals_the_single_thread_path() {
     let dir = tempfile::tempdir().unwrap();
     let run = dir.path().join("run");
     let steps = 6;
-    let out = dflash()
-        .args([
-            "train",
-            "--steps",
-            &steps.to_string(),
-            "--set",
-            "queue_capacity=3",
-            "--run-dir",
-        ])
-        .arg(&run)
-        .args(SMALL)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    train_ok(
+        &run,
+        &["--steps", &steps.to_string(), "--set", "queue_capacity=3"],
     );
     let threaded = losses(&run);
 
