@@ -1,0 +1,479 @@
+//! Compares two runs section by section, with statistics that say when a change is real.
+//!
+//! The samples of a section are its per-step durations (summed within a step). For each
+//! (name, clock) section: the ratio of medians B/A with a percentile-bootstrap interval,
+//! and a two-sided Mann-Whitney U test. A section is flagged only when its p-value is
+//! significant after Holm's correction over all sections AND its whole interval lies
+//! outside the noise band 1 +- noise (criterion's rule, with a rank test like Google
+//! Benchmark's compare.py). When most CPU-side sections moved by about the same factor,
+//! that factor is reported once as a slower (or faster) host, and each section is judged
+//! again relative to it.
+
+use std::collections::BTreeMap;
+
+use polars::prelude::*;
+use serde::Serialize;
+
+use crate::breakdown::{self, Breakdown};
+use crate::load::Trace;
+use crate::queries as q;
+use crate::stats;
+
+/// Fewer per-step samples than this in either run: `insufficient`.
+pub const MIN_SAMPLES: usize = 5;
+/// Bootstrap resamples (fewer for very long runs, so a compare stays interactive).
+pub const BOOTSTRAP_ITERATIONS: usize = 2000;
+/// Coverage of the confidence interval.
+pub const CI_LEVEL: f64 = 0.95;
+/// A host shift needs at least this many CPU sections ...
+pub const HOST_MIN_SECTIONS: usize = 4;
+/// ... at least this share of which lie within HOST_SPREAD of their median ratio.
+pub const HOST_MAJORITY: f64 = 0.7;
+pub const HOST_SPREAD: f64 = 0.10;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Verdict {
+    Regression,
+    Improvement,
+    Unchanged,
+    Insufficient,
+}
+
+impl Verdict {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Verdict::Regression => "regression",
+            Verdict::Improvement => "improvement",
+            Verdict::Unchanged => "unchanged",
+            Verdict::Insufficient => "insufficient",
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct CompareOptions {
+    pub noise: f64,
+    pub alpha: f64,
+    pub seed: u64,
+}
+
+impl Default for CompareOptions {
+    fn default() -> Self {
+        CompareOptions {
+            noise: 0.02,
+            alpha: 0.05,
+            seed: 1,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct SectionCompare {
+    pub name: String,
+    /// `cpu` or `gpu`.
+    pub kind: String,
+    /// Judged on the absolute durations.
+    pub verdict: Verdict,
+    /// median(B) / median(A); null when a run lacks the section.
+    pub ratio: Option<f64>,
+    pub ci_low: Option<f64>,
+    pub ci_high: Option<f64>,
+    /// Mann-Whitney U two-sided p-value, before correction.
+    pub p_value: Option<f64>,
+    /// After Holm's correction over the judged sections.
+    pub p_adjusted: Option<f64>,
+    pub n_a: usize,
+    pub n_b: usize,
+    pub median_a_us: Option<f64>,
+    pub median_b_us: Option<f64>,
+    /// With a host shift: the ratio divided by the host factor (CPU sections only).
+    pub relative_ratio: Option<f64>,
+    /// With a host shift: the verdict relative to the host factor.
+    pub relative_verdict: Option<Verdict>,
+    /// A change in absolute time that the host shift accounts for.
+    pub explained_by_host: bool,
+}
+
+/// Most CPU sections moved together.
+#[derive(Debug, Clone, Serialize)]
+pub struct HostShift {
+    /// The median ratio B/A of the CPU sections.
+    pub factor: f64,
+    /// CPU sections within HOST_SPREAD of the factor, out of `of`.
+    pub sections: usize,
+    pub of: usize,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Comparison {
+    pub run_a: String,
+    pub run_b: String,
+    pub noise: f64,
+    pub alpha: f64,
+    pub steps_a: u64,
+    pub steps_b: u64,
+    pub step_p50_a_us: f64,
+    pub step_p50_b_us: f64,
+    pub tokens_per_s_a: Option<f64>,
+    pub tokens_per_s_b: Option<f64>,
+    /// tokens/s of B over A, minus 1 (-0.1 = 10% fewer tokens per second).
+    pub tokens_per_s_delta: Option<f64>,
+    pub host_shift: Option<HostShift>,
+    pub sections: Vec<SectionCompare>,
+    /// Regressions not explained by a host shift (what `--fail-on-regression` counts).
+    pub regressions: usize,
+    pub improvements: usize,
+    /// The comparison in sentences.
+    pub summary: Vec<String>,
+}
+
+type Samples = BTreeMap<(String, String), Vec<f64>>;
+
+/// Per-step durations of every section.
+pub fn samples(trace: &Trace) -> PolarsResult<Samples> {
+    let df = q::per_step_sections(trace.spans.clone().lazy()).collect()?;
+    let (name, kind, dur) = (
+        q::strs(&df, "name")?,
+        q::strs(&df, "kind")?,
+        q::f64s(&df, "dur_us")?,
+    );
+    let mut out: Samples = BTreeMap::new();
+    for ((n, k), d) in name.into_iter().zip(kind).zip(dur) {
+        if let Some(d) = d {
+            out.entry((n, k)).or_default().push(d);
+        }
+    }
+    Ok(out)
+}
+
+fn judge(p_adj: f64, lo: f64, hi: f64, o: &CompareOptions) -> Verdict {
+    if p_adj < o.alpha && lo > 1.0 + o.noise {
+        Verdict::Regression
+    } else if p_adj < o.alpha && hi < 1.0 - o.noise {
+        Verdict::Improvement
+    } else {
+        Verdict::Unchanged
+    }
+}
+
+fn iterations(n: usize) -> usize {
+    (4_000_000 / n.max(1)).clamp(200, BOOTSTRAP_ITERATIONS)
+}
+
+/// Ratio, interval and p-value of `b` against `a` scaled by `scale`.
+fn test(a: &[f64], b: &[f64], scale: f64, seed: u64) -> Option<(f64, f64, f64, f64)> {
+    let a: Vec<f64> = a.iter().map(|x| x * scale).collect();
+    let ma = stats::median(&a)?;
+    let mb = stats::median(b)?;
+    if ma <= 0.0 {
+        return None;
+    }
+    let (lo, hi) =
+        stats::bootstrap_ratio_ci(&a, b, iterations(a.len().max(b.len())), CI_LEVEL, seed)?;
+    let p = stats::mann_whitney(&a, b)?.p;
+    Some((mb / ma, lo, hi, p))
+}
+
+/// Compares the samples of two runs (pure: no trace needed; used by tests).
+pub fn compare_samples(
+    a: &Samples,
+    b: &Samples,
+    o: &CompareOptions,
+) -> (Vec<SectionCompare>, Option<HostShift>) {
+    let keys: Vec<(String, String)> = a
+        .keys()
+        .chain(b.keys())
+        .cloned()
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    let empty = Vec::new();
+    let mut out: Vec<SectionCompare> = Vec::with_capacity(keys.len());
+    let mut tested: Vec<(usize, f64)> = Vec::new();
+    for (i, key) in keys.iter().enumerate() {
+        let sa = a.get(key).unwrap_or(&empty);
+        let sb = b.get(key).unwrap_or(&empty);
+        let (ma, mb) = (stats::median(sa), stats::median(sb));
+        let mut s = SectionCompare {
+            name: key.0.clone(),
+            kind: key.1.clone(),
+            verdict: Verdict::Insufficient,
+            ratio: match (ma, mb) {
+                (Some(x), Some(y)) if x > 0.0 => Some(y / x),
+                _ => None,
+            },
+            ci_low: None,
+            ci_high: None,
+            p_value: None,
+            p_adjusted: None,
+            n_a: sa.len(),
+            n_b: sb.len(),
+            median_a_us: ma,
+            median_b_us: mb,
+            relative_ratio: None,
+            relative_verdict: None,
+            explained_by_host: false,
+        };
+        if sa.len() >= MIN_SAMPLES && sb.len() >= MIN_SAMPLES {
+            if let Some((r, lo, hi, p)) = test(sa, sb, 1.0, o.seed.wrapping_add(i as u64)) {
+                s.ratio = Some(r);
+                s.ci_low = Some(lo);
+                s.ci_high = Some(hi);
+                s.p_value = Some(p);
+                tested.push((i, p));
+            }
+        }
+        out.push(s);
+    }
+    // Holm over every judged section.
+    let adj = stats::holm(&tested.iter().map(|t| t.1).collect::<Vec<_>>());
+    for (&(i, _), pa) in tested.iter().zip(adj) {
+        let s = &mut out[i];
+        s.p_adjusted = Some(pa);
+        s.verdict = judge(pa, s.ci_low.unwrap_or(1.0), s.ci_high.unwrap_or(1.0), o);
+    }
+
+    // A host shift: most CPU sections (queue waits aside: they measure the other side)
+    // moved by about the same factor.
+    let cpu: Vec<usize> = tested
+        .iter()
+        .map(|t| t.0)
+        .filter(|&i| out[i].kind == "cpu" && !out[i].name.starts_with("queue."))
+        .collect();
+    let ratios: Vec<f64> = cpu.iter().filter_map(|&i| out[i].ratio).collect();
+    let host = stats::median(&ratios).and_then(|m| {
+        let close = ratios
+            .iter()
+            .filter(|r| (*r / m - 1.0).abs() <= HOST_SPREAD)
+            .count();
+        let moved = cpu
+            .iter()
+            .filter(|&&i| out[i].verdict != Verdict::Unchanged)
+            .count();
+        (ratios.len() >= HOST_MIN_SECTIONS
+            && (m - 1.0).abs() > o.noise
+            && close as f64 >= HOST_MAJORITY * ratios.len() as f64
+            && moved as f64 >= HOST_MAJORITY * ratios.len() as f64)
+            .then_some(HostShift {
+                factor: m,
+                sections: close,
+                of: ratios.len(),
+            })
+    });
+
+    // Relative to the host factor: CPU sections (queue waits aside) tested again against A
+    // scaled by it.
+    if let Some(h) = &host {
+        let rel_idx: Vec<usize> = tested
+            .iter()
+            .map(|t| t.0)
+            .filter(|&i| out[i].kind == "cpu" && !out[i].name.starts_with("queue."))
+            .collect();
+        let mut rel: Vec<(usize, f64, f64, f64, f64)> = Vec::new();
+        for &i in &rel_idx {
+            let key = (out[i].name.clone(), out[i].kind.clone());
+            let (sa, sb) = (&a[&key], &b[&key]);
+            if let Some((r, lo, hi, p)) =
+                test(sa, sb, h.factor, o.seed.wrapping_add(1000 + i as u64))
+            {
+                rel.push((i, r, lo, hi, p));
+            }
+        }
+        let adj = stats::holm(&rel.iter().map(|t| t.4).collect::<Vec<_>>());
+        for (&(i, r, lo, hi, _), pa) in rel.iter().zip(adj) {
+            let s = &mut out[i];
+            let v = judge(pa, lo, hi, o);
+            s.relative_ratio = Some(r);
+            s.relative_verdict = Some(v);
+            s.explained_by_host = s.verdict != Verdict::Unchanged && v == Verdict::Unchanged;
+        }
+        // Queue waits are not host work, but they stretch with the side they wait for:
+        // one that moved by about the host factor is explained by it.
+        for s in out
+            .iter_mut()
+            .filter(|s| s.kind == "cpu" && s.name.starts_with("queue."))
+        {
+            if let (Some(r), Verdict::Regression | Verdict::Improvement) = (s.ratio, s.verdict) {
+                if (r / h.factor - 1.0).abs() <= HOST_SPREAD {
+                    s.relative_ratio = Some(r / h.factor);
+                    s.explained_by_host = true;
+                }
+            }
+        }
+    }
+    (out, host)
+}
+
+fn is_flagged_regression(s: &SectionCompare) -> bool {
+    (s.verdict == Verdict::Regression && !s.explained_by_host)
+        || s.relative_verdict == Some(Verdict::Regression)
+}
+
+pub fn compare(
+    a: &Trace,
+    b: &Trace,
+    o: &CompareOptions,
+) -> PolarsResult<(Comparison, Breakdown, Breakdown)> {
+    let (ba, bb) = (breakdown::breakdown(a)?, breakdown::breakdown(b)?);
+    let (sections, host) = compare_samples(&samples(a)?, &samples(b)?, o);
+    let regressions = sections.iter().filter(|s| is_flagged_regression(s)).count();
+    let improvements = sections
+        .iter()
+        .filter(|s| {
+            (s.verdict == Verdict::Improvement && !s.explained_by_host)
+                || s.relative_verdict == Some(Verdict::Improvement)
+        })
+        .count();
+    let tps_delta = match (ba.steps.tokens_per_s, bb.steps.tokens_per_s) {
+        (Some(x), Some(y)) if x > 0.0 => Some(y / x - 1.0),
+        _ => None,
+    };
+    let mut c = Comparison {
+        run_a: a.run.clone(),
+        run_b: b.run.clone(),
+        noise: o.noise,
+        alpha: o.alpha,
+        steps_a: ba.steps.count,
+        steps_b: bb.steps.count,
+        step_p50_a_us: ba.steps.p50_us,
+        step_p50_b_us: bb.steps.p50_us,
+        tokens_per_s_a: ba.steps.tokens_per_s,
+        tokens_per_s_b: bb.steps.tokens_per_s,
+        tokens_per_s_delta: tps_delta,
+        host_shift: host,
+        sections,
+        regressions,
+        improvements,
+        summary: Vec::new(),
+    };
+    c.summary = summary(&c);
+    Ok((c, ba, bb))
+}
+
+fn summary(c: &Comparison) -> Vec<String> {
+    let mut out = Vec::new();
+    if let (Some(x), Some(y), Some(d)) = (c.tokens_per_s_a, c.tokens_per_s_b, c.tokens_per_s_delta)
+    {
+        out.push(format!("tokens/s: {x:.0} -> {y:.0} ({:+.1}%)", d * 100.0));
+    }
+    if c.step_p50_a_us > 0.0 {
+        out.push(format!(
+            "median step: {:.2} ms -> {:.2} ms (x{:.2})",
+            c.step_p50_a_us / 1000.0,
+            c.step_p50_b_us / 1000.0,
+            c.step_p50_b_us / c.step_p50_a_us
+        ));
+    }
+    if let Some(h) = &c.host_shift {
+        let word = if h.factor > 1.0 { "slower" } else { "faster" };
+        out.push(format!(
+            "the whole host ran {word} (x{:.2}): {} of {} CPU sections moved by about that factor; sections are judged relative to it as well",
+            h.factor, h.sections, h.of
+        ));
+    }
+    for s in &c.sections {
+        let flagged_reg = is_flagged_regression(s);
+        let flagged_imp = (s.verdict == Verdict::Improvement && !s.explained_by_host)
+            || s.relative_verdict == Some(Verdict::Improvement);
+        if !(flagged_reg || flagged_imp) {
+            continue;
+        }
+        let what = if flagged_reg { "regressed" } else { "improved" };
+        let rel = match (s.relative_ratio, &c.host_shift) {
+            (Some(r), Some(_)) => format!(", x{r:.2} relative to the host"),
+            _ => String::new(),
+        };
+        out.push(format!(
+            "{} ({}) {what}: x{:.2} [{:.2}, {:.2}], p={:.2e}{rel}",
+            s.name,
+            s.kind,
+            s.ratio.unwrap_or(f64::NAN),
+            s.ci_low.unwrap_or(f64::NAN),
+            s.ci_high.unwrap_or(f64::NAN),
+            s.p_adjusted.unwrap_or(f64::NAN)
+        ));
+    }
+    let insufficient = c
+        .sections
+        .iter()
+        .filter(|s| s.verdict == Verdict::Insufficient)
+        .count();
+    if c.regressions == 0 && c.improvements == 0 {
+        out.push(format!(
+            "no section changed beyond the noise band (+-{:.0}%) with significance (alpha {} after Holm)",
+            c.noise * 100.0,
+            c.alpha
+        ));
+    }
+    if insufficient > 0 {
+        out.push(format!(
+            "{insufficient} sections have fewer than {MIN_SAMPLES} steps in a run and were not judged"
+        ));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample(rng: &mut stats::SplitMix64, mean: f64, n: usize) -> Vec<f64> {
+        (0..n).map(|_| mean * (0.03 * rng.normal()).exp()).collect()
+    }
+
+    fn runs(shift: &dyn Fn(&str) -> f64, seed_b: u64) -> (Samples, Samples) {
+        let names = ["x.a", "x.b", "x.c", "x.d", "x.e", "x.f"];
+        let mut ra = stats::SplitMix64::new(1);
+        let mut rb = stats::SplitMix64::new(seed_b);
+        let mut a = Samples::new();
+        let mut b = Samples::new();
+        for (k, n) in names.iter().enumerate() {
+            let mean = 100.0 * (k + 1) as f64;
+            a.insert((n.to_string(), "cpu".into()), sample(&mut ra, mean, 30));
+            b.insert(
+                (n.to_string(), "cpu".into()),
+                sample(&mut rb, mean * shift(n), 30),
+            );
+            a.insert((n.to_string(), "gpu".into()), sample(&mut ra, mean, 30));
+            b.insert((n.to_string(), "gpu".into()), sample(&mut rb, mean, 30));
+        }
+        (a, b)
+    }
+
+    #[test]
+    fn one_section_shift_is_flagged_alone() {
+        let (a, b) = runs(&|n| if n == "x.c" { 1.2 } else { 1.0 }, 2);
+        let (s, host) = compare_samples(&a, &b, &CompareOptions::default());
+        assert!(host.is_none());
+        let flagged: Vec<_> = s
+            .iter()
+            .filter(|s| s.verdict != Verdict::Unchanged)
+            .map(|s| (&s.name[..], &s.kind[..]))
+            .collect();
+        assert_eq!(flagged, vec![("x.c", "cpu")]);
+    }
+
+    #[test]
+    fn host_shift_is_one_finding() {
+        let (a, b) = runs(&|_| 1.5, 2);
+        let (s, host) = compare_samples(&a, &b, &CompareOptions::default());
+        let h = host.expect("a host shift");
+        assert!((h.factor - 1.5).abs() < 0.05, "{}", h.factor);
+        assert!(s
+            .iter()
+            .filter(|s| s.kind == "cpu")
+            .all(|s| s.explained_by_host));
+        assert!(s.iter().all(|s| !is_flagged_regression(s)));
+    }
+
+    #[test]
+    fn few_samples_are_insufficient() {
+        let mut a = Samples::new();
+        let mut b = Samples::new();
+        a.insert(("x".into(), "cpu".into()), vec![1.0, 2.0, 3.0]);
+        b.insert(("x".into(), "cpu".into()), vec![10.0, 20.0, 30.0]);
+        let (s, _) = compare_samples(&a, &b, &CompareOptions::default());
+        assert_eq!(s[0].verdict, Verdict::Insufficient);
+    }
+}

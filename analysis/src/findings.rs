@@ -1,0 +1,186 @@
+//! Turns a breakdown into sentences: who waits on whom, which sections are launch-bound,
+//! how idle the GPU is, what dominates a step. Each rule has a named threshold; findings
+//! are ordered by the share of step time they concern.
+
+use serde::Serialize;
+
+use crate::breakdown::Breakdown;
+
+/// A queue side that waits this share of the step time or more is starved (or blocked).
+pub const QUEUE_WAIT_SHARE: f64 = 0.10;
+/// A section whose CPU time is this many times its GPU time is launch-bound.
+pub const LAUNCH_BOUND_RATIO: f64 = 1.5;
+/// ... provided its CPU time is at least this share of the step time.
+pub const MIN_SECTION_SHARE: f64 = 0.03;
+/// The GPU idle this share of step time or more is worth a sentence.
+pub const GPU_IDLE_SHARE: f64 = 0.20;
+/// Steps are uneven when p95 exceeds the median by this factor.
+pub const UNEVEN_STEPS: f64 = 1.3;
+/// Sections named as the largest share of a step.
+pub const TOP_SECTIONS: usize = 3;
+
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct Finding {
+    /// A stable identifier of the rule, e.g. `queue_starved`, `launch_bound`.
+    pub rule: &'static str,
+    /// The section or queue side it concerns, when there is one.
+    pub subject: Option<String>,
+    /// The share of step time it concerns; findings are sorted by it.
+    pub share: f64,
+    pub text: String,
+}
+
+fn pct(x: f64) -> String {
+    format!("{:.0}%", x * 100.0)
+}
+
+fn component(name: &str) -> &str {
+    name.split('.').next().unwrap_or(name)
+}
+
+pub fn findings(b: &Breakdown) -> Vec<Finding> {
+    let mut out = Vec::new();
+    let step_total = b.steps.total_us;
+
+    // 1. Who waits on whom.
+    for q in &b.queue {
+        if q.share < QUEUE_WAIT_SHARE {
+            continue;
+        }
+        let text = match q.name.as_str() {
+            "queue.get" => format!(
+                "drafter waits on the queue {} of the step (queue.get, {:.0} us per step at the median): the target side is the bottleneck",
+                pct(q.share),
+                q.wait_p50_us
+            ),
+            "queue.put" => format!(
+                "target waits on a full queue {} of the step time (queue.put): the drafter is the bottleneck",
+                pct(q.share)
+            ),
+            other => format!("{other} waits {} of the step time", pct(q.share)),
+        };
+        out.push(Finding {
+            rule: "queue_wait",
+            subject: Some(q.name.clone()),
+            share: q.share,
+            text,
+        });
+    }
+    if let Some(d) = &b.queue_depth {
+        if d.empty_share >= 0.5
+            && b.queue
+                .iter()
+                .any(|q| q.name == "queue.get" && q.share >= QUEUE_WAIT_SHARE)
+        {
+            out.push(Finding {
+                rule: "queue_empty",
+                subject: Some("queue".into()),
+                share: 0.0,
+                text: format!(
+                    "the queue is empty at {} of its samples (mean depth {:.1}): the producer cannot keep it filled",
+                    pct(d.empty_share),
+                    d.mean
+                ),
+            });
+        }
+    }
+
+    // 2. Launch-bound sections: CPU time well above GPU time.
+    for cg in &b.cpu_gpu {
+        let share = if step_total > 0.0 {
+            cg.cpu_total_us / step_total
+        } else {
+            0.0
+        };
+        if cg.cpu_over_gpu.is_finite()
+            && cg.cpu_over_gpu >= LAUNCH_BOUND_RATIO
+            && share >= MIN_SECTION_SHARE
+        {
+            out.push(Finding {
+                rule: "launch_bound",
+                subject: Some(cg.name.clone()),
+                share,
+                text: format!(
+                    "{} CPU time is {:.1}x its GPU time: launch-bound (the host spends {:.0} us per step beyond the GPU work: kernel launches, host syncs or allocation on the {} side)",
+                    cg.name,
+                    cg.cpu_over_gpu,
+                    cg.gap_us / b.steps.count.max(1) as f64,
+                    component(&cg.name)
+                ),
+            });
+        }
+    }
+
+    // 3. GPU idle inside steps.
+    if let Some(idle) = b.steps.gpu_idle_share {
+        if idle >= GPU_IDLE_SHARE {
+            out.push(Finding {
+                rule: "gpu_idle",
+                subject: None,
+                share: idle,
+                text: format!(
+                    "the GPU is idle {} of the step time: the step is bound by the host or by waiting, not by GPU compute",
+                    pct(idle)
+                ),
+            });
+        }
+    }
+
+    // 4. What dominates a step.
+    let mut top: Vec<_> = b
+        .sections
+        .iter()
+        .filter(|s| s.top_level && s.kind == "cpu" && !s.name.starts_with("queue."))
+        .collect();
+    top.sort_by(|x, y| y.share.total_cmp(&x.share));
+    for s in top.into_iter().take(TOP_SECTIONS) {
+        if s.share < MIN_SECTION_SHARE {
+            break;
+        }
+        let gpu = b
+            .sections
+            .iter()
+            .find(|g| g.name == s.name && g.kind == "gpu")
+            .map(|g| format!(" (GPU {})", pct(g.share)))
+            .unwrap_or_default();
+        out.push(Finding {
+            rule: "top_section",
+            subject: Some(s.name.clone()),
+            share: s.share,
+            text: format!(
+                "{} takes {} of the step time on the CPU{gpu}, p50 {:.0} us",
+                s.name,
+                pct(s.share),
+                s.p50_us
+            ),
+        });
+    }
+
+    // 5. Uneven steps.
+    if b.steps.count >= 5 && b.steps.p50_us > 0.0 && b.steps.p95_us / b.steps.p50_us >= UNEVEN_STEPS
+    {
+        let slowest = b
+            .per_step
+            .iter()
+            .max_by(|x, y| x.dur_us.total_cmp(&y.dur_us));
+        out.push(Finding {
+            rule: "uneven_steps",
+            subject: None,
+            share: 0.0,
+            text: format!(
+                "step time is uneven: p95 is {:.1}x the median{}",
+                b.steps.p95_us / b.steps.p50_us,
+                slowest
+                    .map(|s| format!(" (step {} took {:.1} ms)", s.step, s.dur_us / 1000.0))
+                    .unwrap_or_default()
+            ),
+        });
+    }
+    // Diagnoses first, then what dominates; each group by share.
+    out.sort_by(|x, y| {
+        (x.rule == "top_section")
+            .cmp(&(y.rule == "top_section"))
+            .then(y.share.total_cmp(&x.share))
+    });
+    out
+}

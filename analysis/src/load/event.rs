@@ -1,0 +1,188 @@
+//! Scans one trace event (`{"ph":..., ...}`) into an [`Event`] of byte ranges and numbers.
+//!
+//! Only the keys the analyzer uses are decoded; the rest (Kineto's long `args` of input
+//! shapes, for instance) are skipped. Type checks happen here so a message can name the
+//! field; range checks (negative durations, huge values) happen in the loader, which knows
+//! the event index.
+
+use super::json::{Cursor, JsonType, Scan, Str};
+
+/// A pid, tid or flow id: a number or a string.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub(crate) enum IdVal {
+    #[default]
+    Missing,
+    Num(f64),
+    Str(Str),
+}
+
+/// An argument value the analyzer may use.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) enum ArgVal {
+    Num(f64),
+    Str(Str),
+}
+
+/// One event, as ranges of the scanned slice. Reused between events to avoid allocation.
+#[derive(Debug, Default)]
+pub(crate) struct Event {
+    pub ph: Option<Str>,
+    pub name: Option<Str>,
+    pub cat: Option<Str>,
+    pub pid: IdVal,
+    pub tid: IdVal,
+    pub ts: Option<f64>,
+    pub dur: Option<f64>,
+    pub id: IdVal,
+    pub bind_id: Option<f64>,
+    pub flow_in: bool,
+    pub flow_out: bool,
+    /// `args` members that are numbers or strings, in file order.
+    pub args: Vec<(Str, ArgVal)>,
+}
+
+impl Event {
+    fn clear(&mut self) {
+        self.ph = None;
+        self.name = None;
+        self.cat = None;
+        self.pid = IdVal::Missing;
+        self.tid = IdVal::Missing;
+        self.ts = None;
+        self.dur = None;
+        self.id = IdVal::Missing;
+        self.bind_id = None;
+        self.flow_in = false;
+        self.flow_out = false;
+        self.args.clear();
+    }
+}
+
+fn type_error<T>(c: &Cursor<'_>, field: &str, want: &str, found: Option<JsonType>) -> Scan<T> {
+    c.syntax(format!(
+        "field `{field}` must be {want}, found {}",
+        found.map_or("something that is not JSON", JsonType::name)
+    ))
+}
+
+fn want_string(c: &mut Cursor<'_>, field: &str) -> Scan<Str> {
+    match c.next_type()? {
+        Some(JsonType::String) => c.string(),
+        other => type_error(c, field, "a string", other),
+    }
+}
+
+fn want_number(c: &mut Cursor<'_>, field: &str) -> Scan<f64> {
+    match c.next_type()? {
+        Some(JsonType::Number) => c.number(),
+        None if matches!(c.peek()?, b'N' | b'I') => c.number(),
+        other => type_error(c, field, "a number", other),
+    }
+}
+
+fn want_id(c: &mut Cursor<'_>, field: &str) -> Scan<IdVal> {
+    match c.next_type()? {
+        Some(JsonType::Number) => Ok(IdVal::Num(c.number()?)),
+        Some(JsonType::String) => Ok(IdVal::Str(c.string()?)),
+        other => type_error(c, field, "a number or a string", other),
+    }
+}
+
+fn want_bool(c: &mut Cursor<'_>, field: &str) -> Scan<bool> {
+    match c.next_type()? {
+        Some(JsonType::Bool) => c.boolean(),
+        other => type_error(c, field, "a boolean", other),
+    }
+}
+
+/// Scans the event object at the cursor into `ev`.
+pub(crate) fn scan_event(c: &mut Cursor<'_>, ev: &mut Event) -> Scan<()> {
+    ev.clear();
+    c.eat(b'{')?;
+    if c.peek()? == b'}' {
+        c.i += 1;
+        return Ok(());
+    }
+    loop {
+        let key = match c.next_type()? {
+            Some(JsonType::String) => c.string()?,
+            _ => return c.syntax("expected a quoted key in the event object"),
+        };
+        c.eat(b':')?;
+        match c.bytes(key) {
+            b"ph" => ev.ph = Some(want_string(c, "ph")?),
+            b"name" => ev.name = Some(want_string(c, "name")?),
+            b"cat" => ev.cat = Some(want_string(c, "cat")?),
+            b"pid" => ev.pid = want_id(c, "pid")?,
+            b"tid" => ev.tid = want_id(c, "tid")?,
+            b"ts" => ev.ts = Some(want_number(c, "ts")?),
+            b"dur" => ev.dur = Some(want_number(c, "dur")?),
+            b"id" => ev.id = want_id(c, "id")?,
+            b"bind_id" => ev.bind_id = Some(want_number(c, "bind_id")?),
+            b"flow_in" => ev.flow_in = want_bool(c, "flow_in")?,
+            b"flow_out" => ev.flow_out = want_bool(c, "flow_out")?,
+            b"args" => scan_args(c, ev)?,
+            _ => c.skip_value()?,
+        }
+        match c.peek()? {
+            b',' => c.i += 1,
+            b'}' => {
+                c.i += 1;
+                return Ok(());
+            }
+            b => {
+                return c.syntax(format!(
+                    "expected `,` or `}}` in the event object, found {}",
+                    super::json::describe_byte(b)
+                ))
+            }
+        }
+    }
+}
+
+fn scan_args(c: &mut Cursor<'_>, ev: &mut Event) -> Scan<()> {
+    match c.next_type()? {
+        Some(JsonType::Object) => {}
+        Some(JsonType::Null) => return c.skip_value(),
+        other => return type_error(c, "args", "an object", other),
+    }
+    c.eat(b'{')?;
+    if c.peek()? == b'}' {
+        c.i += 1;
+        return Ok(());
+    }
+    loop {
+        let key = match c.next_type()? {
+            Some(JsonType::String) => c.string()?,
+            _ => return c.syntax("expected a quoted key in `args`"),
+        };
+        c.eat(b':')?;
+        match c.next_type()? {
+            Some(JsonType::Number) => {
+                let v = c.number()?;
+                ev.args.push((key, ArgVal::Num(v)));
+            }
+            Some(JsonType::String) => {
+                let s = c.string()?;
+                ev.args.push((key, ArgVal::Str(s)));
+            }
+            None if matches!(c.peek()?, b'N' | b'I') => {
+                c.number()?;
+            }
+            _ => c.skip_value()?,
+        }
+        match c.peek()? {
+            b',' => c.i += 1,
+            b'}' => {
+                c.i += 1;
+                return Ok(());
+            }
+            b => {
+                return c.syntax(format!(
+                    "expected `,` or `}}` in `args`, found {}",
+                    super::json::describe_byte(b)
+                ))
+            }
+        }
+    }
+}

@@ -1,0 +1,255 @@
+//! Terminal output: aligned tables (one unit per column, named in the header) and the
+//! findings in words. Colour carries meaning only (red regression, green improvement,
+//! yellow warnings) and is off unless asked for or on a terminal without NO_COLOR.
+
+use std::fmt::Write as _;
+
+use comfy_table::{presets, Cell, CellAlignment, Color, ContentArrangement, Table};
+
+use crate::breakdown::Breakdown;
+use crate::compare::{Comparison, Verdict};
+
+fn table(color: bool, header: &[&str]) -> Table {
+    let mut t = Table::new();
+    t.load_preset(presets::UTF8_BORDERS_ONLY)
+        .set_content_arrangement(ContentArrangement::Disabled)
+        .set_header(header.iter().map(Cell::new));
+    if color {
+        t.enforce_styling();
+    } else {
+        t.force_no_tty();
+    }
+    for i in 1..header.len() {
+        if let Some(c) = t.column_mut(i) {
+            c.set_cell_alignment(CellAlignment::Right);
+        }
+    }
+    t
+}
+
+fn ms(us: f64) -> String {
+    format!("{:.3}", us / 1000.0)
+}
+
+fn opt(v: Option<f64>, f: impl Fn(f64) -> String) -> String {
+    v.map(f).unwrap_or_else(|| "-".into())
+}
+
+fn pct(x: f64) -> String {
+    format!("{:.1}", x * 100.0)
+}
+
+pub fn breakdown(b: &Breakdown, top: usize, color: bool) -> String {
+    let mut out = String::new();
+    let s = &b.steps;
+    let _ = writeln!(
+        out,
+        "run {} ({}): {} steps, median {} ms, p95 {} ms{}{}",
+        b.run,
+        b.producer,
+        s.count,
+        ms(s.p50_us),
+        ms(s.p95_us),
+        opt(s.tokens_per_s, |v| format!(", {v:.0} tokens/s")),
+        opt(s.gpu_idle_share, |v| format!(", GPU idle {}%", pct(v)))
+    );
+
+    let _ = writeln!(out, "\nTop findings:");
+    if b.findings.is_empty() {
+        let _ = writeln!(out, "  (none: no rule fired)");
+    }
+    for (i, f) in b.findings.iter().enumerate() {
+        let _ = writeln!(out, "  {}. {}", i + 1, f.text);
+    }
+
+    let _ = writeln!(out, "\nSections (times in ms, share in % of step time):");
+    let mut t = table(
+        color,
+        &[
+            "section", "kind", "count", "total", "self", "mean", "p50", "p95", "share %",
+        ],
+    );
+    let n = if top == 0 {
+        b.sections.len()
+    } else {
+        top.min(b.sections.len())
+    };
+    for sec in &b.sections[..n] {
+        t.add_row(vec![
+            Cell::new(&sec.name),
+            Cell::new(&sec.kind),
+            Cell::new(sec.count),
+            Cell::new(ms(sec.total_us)),
+            Cell::new(ms(sec.self_us)),
+            Cell::new(ms(sec.mean_us)),
+            Cell::new(ms(sec.p50_us)),
+            Cell::new(ms(sec.p95_us)),
+            Cell::new(pct(sec.share)),
+        ]);
+    }
+    let _ = writeln!(out, "{t}");
+    if n < b.sections.len() {
+        let _ = writeln!(
+            out,
+            "({} more sections; --top 0 shows all)",
+            b.sections.len() - n
+        );
+    }
+
+    if !b.cpu_gpu.is_empty() {
+        let _ = writeln!(
+            out,
+            "\nCPU vs GPU time per section (ms; gap = CPU - GPU, launch overhead and host syncs):"
+        );
+        let mut t = table(color, &["section", "cpu", "gpu", "gap", "cpu/gpu"]);
+        for c in b
+            .cpu_gpu
+            .iter()
+            .take(if top == 0 { usize::MAX } else { top })
+        {
+            let mut ratio = Cell::new(format!("{:.2}", c.cpu_over_gpu));
+            if color && c.cpu_over_gpu >= crate::findings::LAUNCH_BOUND_RATIO {
+                ratio = ratio.fg(Color::Yellow);
+            }
+            t.add_row(vec![
+                Cell::new(&c.name),
+                Cell::new(ms(c.cpu_total_us)),
+                Cell::new(ms(c.gpu_total_us)),
+                Cell::new(ms(c.gap_us)),
+                ratio,
+            ]);
+        }
+        let _ = writeln!(out, "{t}");
+    }
+
+    if !b.queue.is_empty() {
+        let _ = writeln!(out, "\nQueue waits (us; share in % of step time):");
+        let mut t = table(
+            color,
+            &["side", "count", "total", "mean", "p50", "p95", "share %"],
+        );
+        for q in &b.queue {
+            t.add_row(vec![
+                Cell::new(&q.name),
+                Cell::new(q.count),
+                Cell::new(format!("{:.0}", q.wait_total_us)),
+                Cell::new(format!("{:.1}", q.wait_mean_us)),
+                Cell::new(format!("{:.1}", q.wait_p50_us)),
+                Cell::new(format!("{:.1}", q.wait_p95_us)),
+                Cell::new(pct(q.share)),
+            ]);
+        }
+        let _ = writeln!(out, "{t}");
+        if let Some(d) = &b.queue_depth {
+            let _ = writeln!(
+                out,
+                "queue depth: mean {:.2}, min {:.0}, max {:.0}; empty at {}% and at max at {}% of {} samples",
+                d.mean,
+                d.min,
+                d.max,
+                pct(d.empty_share),
+                pct(d.full_share),
+                d.samples
+            );
+        }
+    }
+
+    if !b.per_step.is_empty() {
+        let _ = writeln!(out, "\nPer step (ms):");
+        let mut t = table(
+            color,
+            &[
+                "step",
+                "dur",
+                "queue wait",
+                "gpu busy",
+                "gpu idle",
+                "tokens/s",
+                "loss",
+            ],
+        );
+        for r in &b.per_step {
+            t.add_row(vec![
+                Cell::new(r.step),
+                Cell::new(ms(r.dur_us)),
+                Cell::new(opt(r.queue_wait_us, ms)),
+                Cell::new(opt(r.gpu_busy_us, ms)),
+                Cell::new(opt(r.gpu_idle_us, ms)),
+                Cell::new(opt(r.tokens_per_s, |v| format!("{v:.0}"))),
+                Cell::new(opt(r.loss, |v| format!("{v:.4}"))),
+            ]);
+        }
+        let _ = writeln!(out, "{t}");
+    }
+    out
+}
+
+pub fn comparison(c: &Comparison, color: bool) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "compare A={} B={}:", c.run_a, c.run_b);
+    for line in &c.summary {
+        let _ = writeln!(out, "  {line}");
+    }
+    let _ = writeln!(
+        out,
+        "\nSections (median per-step time in ms; ratio = B/A with its 95% bootstrap interval; p after Holm):"
+    );
+    let mut t = table(
+        color,
+        &[
+            "section", "kind", "A", "B", "ratio", "ci low", "ci high", "p adj", "n A", "n B",
+            "verdict",
+        ],
+    );
+    let mut rows: Vec<_> = c.sections.iter().collect();
+    rows.sort_by(|x, y| {
+        let rank = |v: Verdict| match v {
+            Verdict::Regression => 0,
+            Verdict::Improvement => 1,
+            Verdict::Unchanged => 2,
+            Verdict::Insufficient => 3,
+        };
+        rank(x.verdict).cmp(&rank(y.verdict)).then(
+            y.median_a_us
+                .unwrap_or(0.0)
+                .total_cmp(&x.median_a_us.unwrap_or(0.0)),
+        )
+    });
+    for s in rows {
+        let mut verdict = s.verdict.as_str().to_string();
+        if s.explained_by_host {
+            verdict.push_str(" (host)");
+        } else if let Some(rv) = s.relative_verdict {
+            if rv != Verdict::Unchanged {
+                verdict = format!("{} vs host", rv.as_str());
+            }
+        }
+        let mut vc = Cell::new(&verdict);
+        if color {
+            let shown = s
+                .relative_verdict
+                .filter(|_| s.explained_by_host || s.relative_verdict != Some(Verdict::Unchanged))
+                .unwrap_or(s.verdict);
+            vc = match shown {
+                Verdict::Regression => vc.fg(Color::Red),
+                Verdict::Improvement => vc.fg(Color::Green),
+                _ => vc,
+            };
+        }
+        t.add_row(vec![
+            Cell::new(&s.name),
+            Cell::new(&s.kind),
+            Cell::new(opt(s.median_a_us, ms)),
+            Cell::new(opt(s.median_b_us, ms)),
+            Cell::new(opt(s.ratio, |v| format!("{v:.3}"))),
+            Cell::new(opt(s.ci_low, |v| format!("{v:.3}"))),
+            Cell::new(opt(s.ci_high, |v| format!("{v:.3}"))),
+            Cell::new(opt(s.p_adjusted, |v| format!("{v:.2e}"))),
+            Cell::new(s.n_a),
+            Cell::new(s.n_b),
+            vc,
+        ]);
+    }
+    let _ = writeln!(out, "{t}");
+    out
+}

@@ -1,0 +1,274 @@
+//! One self-contained HTML page: findings, tables and plots (inline SVG) of a run, and of
+//! a comparison when a second run is given. No scripts, no external files.
+
+use std::fmt::Write as _;
+
+use crate::breakdown::{self, Breakdown};
+use crate::compare::{self, CompareOptions, Comparison};
+use crate::load::Trace;
+use crate::plot;
+
+fn esc(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
+}
+
+fn ms(us: f64) -> String {
+    format!("{:.3}", us / 1000.0)
+}
+
+fn opt(v: Option<f64>, f: impl Fn(f64) -> String) -> String {
+    v.map(f).unwrap_or_else(|| "-".into())
+}
+
+const STYLE: &str = "body{font-family:DejaVu Sans,Helvetica,Arial,sans-serif;margin:2em;color:#222;max-width:1500px}\
+table{border-collapse:collapse;margin:1em 0;font-size:14px}th,td{padding:3px 10px;border-bottom:1px solid #ddd}\
+th{text-align:left;background:#f3f3f3}td.n{text-align:right;font-variant-numeric:tabular-nums}\
+.reg{color:#c0392b;font-weight:bold}.imp{color:#1e8449;font-weight:bold}.warn{color:#9a6700}\
+figure{margin:1em 0}figcaption{font-weight:bold;margin-bottom:.3em}svg{max-width:100%;height:auto}\
+details{margin:1em 0}";
+
+fn table(out: &mut String, header: &[&str], rows: Vec<Vec<(String, bool)>>) {
+    out.push_str("<table><tr>");
+    for h in header {
+        let _ = write!(out, "<th>{}</th>", esc(h));
+    }
+    out.push_str("</tr>");
+    for r in rows {
+        out.push_str("<tr>");
+        for (cell, numeric) in r {
+            if numeric {
+                let _ = write!(out, "<td class=n>{}</td>", esc(&cell));
+            } else {
+                let _ = write!(out, "<td>{cell}</td>");
+            }
+        }
+        out.push_str("</tr>");
+    }
+    out.push_str("</table>");
+}
+
+fn figures(out: &mut String, svgs: Vec<(String, String)>) {
+    for (title, svg) in svgs {
+        // Drop the XML prolog: the SVG is inlined into HTML.
+        let body = svg.find("<svg").map_or(svg.as_str(), |i| &svg[i..]);
+        let _ = write!(
+            out,
+            "<figure><figcaption>{}</figcaption>{body}</figure>",
+            esc(&title)
+        );
+    }
+}
+
+fn breakdown_html(out: &mut String, trace: &Trace, b: &Breakdown) -> anyhow::Result<()> {
+    let s = &b.steps;
+    let _ = write!(
+        out,
+        "<h2>Run {} <small>({})</small></h2><p>{} steps, median {} ms, p95 {} ms{}{}</p>",
+        esc(&b.run),
+        esc(&b.producer),
+        s.count,
+        ms(s.p50_us),
+        ms(s.p95_us),
+        opt(s.tokens_per_s, |v| format!(", {v:.0} tokens/s")),
+        opt(s.gpu_idle_share, |v| format!(
+            ", GPU idle {:.1}%",
+            v * 100.0
+        ))
+    );
+    for w in &b.warnings {
+        let _ = write!(out, "<p class=warn>warning: {}</p>", esc(&w.to_string()));
+    }
+    out.push_str("<h3>Top findings</h3><ol>");
+    for f in &b.findings {
+        let _ = write!(out, "<li>{}</li>", esc(&f.text));
+    }
+    out.push_str("</ol>");
+    figures(out, plot::svgs(plot::run_charts(trace, b)?)?);
+    out.push_str("<h3>Sections</h3><p>Times in ms; share in % of total step time.</p>");
+    let rows = b
+        .sections
+        .iter()
+        .map(|x| {
+            vec![
+                (esc(&x.name), false),
+                (x.kind.clone(), false),
+                (x.count.to_string(), true),
+                (ms(x.total_us), true),
+                (ms(x.self_us), true),
+                (ms(x.mean_us), true),
+                (ms(x.p50_us), true),
+                (ms(x.p95_us), true),
+                (format!("{:.1}", x.share * 100.0), true),
+            ]
+        })
+        .collect();
+    table(
+        out,
+        &[
+            "section", "kind", "count", "total", "self", "mean", "p50", "p95", "share %",
+        ],
+        rows,
+    );
+    if !b.cpu_gpu.is_empty() {
+        out.push_str("<h3>CPU vs GPU</h3><p>Totals in ms; gap = CPU - GPU (launch overhead and host syncs).</p>");
+        let rows = b
+            .cpu_gpu
+            .iter()
+            .map(|c| {
+                vec![
+                    (esc(&c.name), false),
+                    (ms(c.cpu_total_us), true),
+                    (ms(c.gpu_total_us), true),
+                    (ms(c.gap_us), true),
+                    (format!("{:.2}", c.cpu_over_gpu), true),
+                ]
+            })
+            .collect();
+        table(out, &["section", "cpu", "gpu", "gap", "cpu/gpu"], rows);
+    }
+    if !b.queue.is_empty() {
+        out.push_str("<h3>Queue waits</h3><p>Waits in us; share in % of total step time.</p>");
+        let rows = b
+            .queue
+            .iter()
+            .map(|q| {
+                vec![
+                    (esc(&q.name), false),
+                    (q.count.to_string(), true),
+                    (format!("{:.0}", q.wait_total_us), true),
+                    (format!("{:.1}", q.wait_p50_us), true),
+                    (format!("{:.1}", q.wait_p95_us), true),
+                    (format!("{:.1}", q.share * 100.0), true),
+                ]
+            })
+            .collect();
+        table(
+            out,
+            &["side", "count", "total", "p50", "p95", "share %"],
+            rows,
+        );
+    }
+    if !b.per_step.is_empty() {
+        out.push_str("<details><summary>Per-step table (ms)</summary>");
+        let rows = b
+            .per_step
+            .iter()
+            .map(|r| {
+                vec![
+                    (r.step.to_string(), true),
+                    (ms(r.dur_us), true),
+                    (opt(r.queue_wait_us, ms), true),
+                    (opt(r.gpu_busy_us, ms), true),
+                    (opt(r.gpu_idle_us, ms), true),
+                    (opt(r.tokens_per_s, |v| format!("{v:.0}")), true),
+                    (opt(r.loss, |v| format!("{v:.4}")), true),
+                ]
+            })
+            .collect();
+        table(
+            out,
+            &[
+                "step",
+                "dur",
+                "queue wait",
+                "gpu busy",
+                "gpu idle",
+                "tokens/s",
+                "loss",
+            ],
+            rows,
+        );
+        out.push_str("</details>");
+    }
+    Ok(())
+}
+
+fn comparison_html(out: &mut String, c: &Comparison) -> anyhow::Result<()> {
+    let _ = write!(
+        out,
+        "<h2>Comparison: A = {}, B = {}</h2><ul>",
+        esc(&c.run_a),
+        esc(&c.run_b)
+    );
+    for line in &c.summary {
+        let _ = write!(out, "<li>{}</li>", esc(line));
+    }
+    out.push_str("</ul>");
+    figures(out, plot::svgs(plot::compare_charts(c))?);
+    let rows = c
+        .sections
+        .iter()
+        .map(|s| {
+            let class = match (s.verdict, s.explained_by_host) {
+                (compare::Verdict::Regression, false) => "reg",
+                (compare::Verdict::Improvement, false) => "imp",
+                _ => "",
+            };
+            let verdict = if s.explained_by_host {
+                format!("{} (host)", s.verdict.as_str())
+            } else {
+                s.verdict.as_str().to_string()
+            };
+            vec![
+                (esc(&s.name), false),
+                (s.kind.clone(), false),
+                (opt(s.median_a_us, ms), true),
+                (opt(s.median_b_us, ms), true),
+                (opt(s.ratio, |v| format!("{v:.3}")), true),
+                (opt(s.ci_low, |v| format!("{v:.3}")), true),
+                (opt(s.ci_high, |v| format!("{v:.3}")), true),
+                (opt(s.p_adjusted, |v| format!("{v:.2e}")), true),
+                (format!("{}/{}", s.n_a, s.n_b), true),
+                (
+                    format!("<span class={class}>{}</span>", esc(&verdict)),
+                    false,
+                ),
+            ]
+        })
+        .collect();
+    out.push_str("<p>Median per-step time in ms; ratio = B/A with a 95% bootstrap interval; p after Holm's correction.</p>");
+    table(
+        out,
+        &[
+            "section", "kind", "A", "B", "ratio", "ci low", "ci high", "p adj", "n A/B", "verdict",
+        ],
+        rows,
+    );
+    Ok(())
+}
+
+/// The whole page.
+pub fn report(a: &Trace, b: Option<&Trace>, noise: f64) -> anyhow::Result<String> {
+    let mut out = String::new();
+    let title = match b {
+        Some(b) => format!("dflash-analyze: {} vs {}", a.run, b.run),
+        None => format!("dflash-analyze: {}", a.run),
+    };
+    let _ = write!(
+        out,
+        "<!DOCTYPE html><html lang=en><head><meta charset=utf-8><title>{}</title><style>{STYLE}</style></head><body><h1>{}</h1>",
+        esc(&title),
+        esc(&title)
+    );
+    match b {
+        Some(b) => {
+            let opts = CompareOptions {
+                noise,
+                ..CompareOptions::default()
+            };
+            let (c, ba, bb) = compare::compare(a, b, &opts)?;
+            comparison_html(&mut out, &c)?;
+            breakdown_html(&mut out, a, &ba)?;
+            breakdown_html(&mut out, b, &bb)?;
+        }
+        None => {
+            let ba = breakdown::breakdown(a)?;
+            breakdown_html(&mut out, a, &ba)?;
+        }
+    }
+    out.push_str("</body></html>\n");
+    Ok(out)
+}
