@@ -4,7 +4,7 @@
 //! acceptance-length proxy tau_hat.
 use rand::seq::index::sample;
 use rand::Rng;
-use tch::{Device, IndexOp, Kind, Tensor};
+use tch::{Device, Kind, Tensor};
 
 use super::ModelError;
 
@@ -227,24 +227,23 @@ pub fn weighted_ce_chunked(
     }
 }
 
-/// Token accuracy `sum(m * correct) / sum(m)` (0 when nothing is valid).
-pub fn accuracy(correct: &Tensor, m: &Tensor) -> f64 {
+/// `[sum(m * correct), sum(m)]` as a device tensor (float), so a step reads all its
+/// metrics with one host sync.
+pub fn accuracy_counts(correct: &Tensor, m: &Tensor) -> Tensor {
     let valid = m.gt(0.0);
-    let n = valid.sum(Kind::Float).double_value(&[]);
-    if n == 0.0 {
-        return 0.0;
-    }
-    correct
-        .logical_and(&valid)
-        .sum(Kind::Float)
-        .double_value(&[])
-        / n
+    Tensor::stack(
+        &[
+            correct.logical_and(&valid).sum(Kind::Float),
+            valid.sum(Kind::Float),
+        ],
+        0,
+    )
 }
 
-/// The acceptance-length proxy: per block `1 + sum_k prod_{j<=k} c_j` over positions
-/// `k >= 1`, where invalid positions neither break the run nor count; averaged over blocks
-/// with at least one valid position (0 when there is none).
-pub fn tau_hat(correct: &Tensor, m: &Tensor) -> f64 {
+/// `[sum over blocks with a valid position of (1 + accepted), number of such blocks]`:
+/// per block, `accepted = sum_k prod_{j<=k} c_j` over positions `k >= 1`, where invalid
+/// positions neither break the run nor count.
+pub fn tau_counts(correct: &Tensor, m: &Tensor) -> Tensor {
     let valid = m.gt(0.0);
     // invalid positions pass through the running product as "correct" but do not count
     let pass = correct
@@ -252,19 +251,36 @@ pub fn tau_hat(correct: &Tensor, m: &Tensor) -> f64 {
         .to_kind(Kind::Float);
     let run = pass.cumprod(-1, Kind::Float);
     let accepted = (run * valid.to_kind(Kind::Float)).sum_dim_intlist(-1, false, Kind::Float);
-    let has_valid = valid.any_dim(-1, false);
-    let blocks = has_valid.sum(Kind::Float).double_value(&[]);
-    if blocks == 0.0 {
-        return 0.0;
-    }
-    let sum = (accepted + 1.0)
-        .masked_select(&has_valid)
-        .sum(Kind::Float)
-        .double_value(&[]);
-    sum / blocks
+    let has_valid = valid.any_dim(-1, false).to_kind(Kind::Float);
+    Tensor::stack(
+        &[
+            ((accepted + 1.0) * &has_valid).sum(Kind::Float),
+            has_valid.sum(Kind::Float),
+        ],
+        0,
+    )
 }
 
-/// First `n` rows of a `[B, ...]` tensor (helper for tests and logging).
-pub fn head(t: &Tensor, n: i64) -> Tensor {
-    t.i(..n)
+/// `num / den`, 0 when `den` is 0.
+pub fn ratio(num: f64, den: f64) -> f64 {
+    if den == 0.0 {
+        0.0
+    } else {
+        num / den
+    }
+}
+
+fn ratio_of(counts: &Tensor) -> f64 {
+    ratio(counts.double_value(&[0]), counts.double_value(&[1]))
+}
+
+/// Token accuracy `sum(m * correct) / sum(m)` (0 when nothing is valid).
+pub fn accuracy(correct: &Tensor, m: &Tensor) -> f64 {
+    ratio_of(&accuracy_counts(correct, m))
+}
+
+/// The acceptance-length proxy tau_hat: the mean of `1 + accepted` over blocks with at
+/// least one valid position (0 when there is none); see [`tau_counts`].
+pub fn tau_hat(correct: &Tensor, m: &Tensor) -> f64 {
+    ratio_of(&tau_counts(correct, m))
 }

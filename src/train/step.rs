@@ -278,24 +278,43 @@ impl DrafterTrainer {
             self.opt.step(&grad, lr);
         }
         let _s = trace::span(trace_name!("drafter.metrics"));
-        Ok(StepMetrics {
-            loss: out.loss.f_double_value(&[])?,
-            accuracy: objective::accuracy(&out.correct, &m),
-            tau_hat: objective::tau_hat(&out.correct, &m),
-            tokens: batch.input_ids.numel() as i64,
-            grad_norm: norm.f_double_value(&[])?,
-        })
+        read_metrics(&out, &m, Some(&norm), batch)
     }
 
     /// Loss and metrics without updating anything.
     pub fn evaluate(&self, batch: &Batch, rng: &mut impl Rng) -> Result<StepMetrics, ModelError> {
         let (out, m) = tch::no_grad(|| self.forward(batch, rng))?;
-        Ok(StepMetrics {
-            loss: out.loss.f_double_value(&[])?,
-            accuracy: objective::accuracy(&out.correct, &m),
-            tau_hat: objective::tau_hat(&out.correct, &m),
-            tokens: batch.input_ids.numel() as i64,
-            grad_norm: 0.0,
-        })
+        read_metrics(&out, &m, None, batch)
     }
+}
+
+/// Loss, gradient norm, accuracy and tau_hat of a step, read from the device with one
+/// host sync.
+fn read_metrics(
+    out: &LossOutput,
+    m: &Tensor,
+    norm: Option<&Tensor>,
+    batch: &Batch,
+) -> Result<StepMetrics, ModelError> {
+    let zero = out.loss.zeros_like();
+    let values = Tensor::f_cat(
+        &[
+            out.loss.detach().to_kind(Kind::Float).reshape([1]),
+            norm.unwrap_or(&zero)
+                .detach()
+                .to_kind(Kind::Float)
+                .reshape([1]),
+            objective::accuracy_counts(&out.correct, m),
+            objective::tau_counts(&out.correct, m),
+        ],
+        0,
+    )?;
+    let v = Vec::<f64>::try_from(values.f_to_kind(Kind::Double)?.f_to_device(Device::Cpu)?)?;
+    Ok(StepMetrics {
+        loss: v[0],
+        grad_norm: v[1],
+        accuracy: objective::ratio(v[2], v[3]),
+        tau_hat: objective::ratio(v[4], v[5]),
+        tokens: batch.input_ids.numel() as i64,
+    })
 }
