@@ -63,25 +63,24 @@ pub fn load_into(vars: &HashMap<String, Tensor>, dir: &Path) -> Result<(), Model
     let mut remaining: BTreeMap<&str, &Tensor> =
         vars.iter().map(|(k, v)| (k.as_str(), v)).collect();
     for file in weight_files(dir)? {
-        let bytes = fs::read(&file).map_err(|e| ModelError::io(&file, e))?;
-        let st = SafeTensors::deserialize(&bytes)
-            .map_err(|e| ModelError::Checkpoint(format!("{}: {e}", file.display())))?;
-        for (key, view) in st.tensors() {
-            let Some(var) = remaining.remove(key.as_str()) else {
-                continue;
-            };
-            let shape: Vec<i64> = view.shape().iter().map(|&d| d as i64).collect();
-            if shape != var.size() {
-                return Err(ModelError::Checkpoint(format!(
-                    "tensor `{key}` in {} has shape {shape:?}, the model expects {:?}",
-                    file.display(),
-                    var.size()
-                )));
+        with_safetensors(&file, |st| {
+            for (key, view) in st.tensors() {
+                let Some(var) = remaining.remove(key.as_str()) else {
+                    continue;
+                };
+                let src = tensor_of(&key, &view)?;
+                if src.size() != var.size() {
+                    return Err(ModelError::Checkpoint(format!(
+                        "tensor `{key}` in {} has shape {:?}, the model expects {:?}",
+                        file.display(),
+                        src.size(),
+                        var.size()
+                    )));
+                }
+                tch::no_grad(|| var.shallow_clone().f_copy_(&src))?;
             }
-            let kind = kind_of(view.dtype(), &key)?;
-            let src = Tensor::f_from_data_size(view.data(), &shape, kind)?;
-            tch::no_grad(|| var.shallow_clone().f_copy_(&src))?;
-        }
+            Ok(())
+        })?;
     }
     if let Some((key, _)) = remaining.into_iter().next() {
         return Err(ModelError::Checkpoint(format!(
@@ -90,6 +89,35 @@ pub fn load_into(vars: &HashMap<String, Tensor>, dir: &Path) -> Result<(), Model
         )));
     }
     Ok(())
+}
+
+/// Every tensor of one safetensors file, on the host, in its stored dtype.
+pub fn read_tensors(file: &Path) -> Result<HashMap<String, Tensor>, ModelError> {
+    with_safetensors(file, |st| {
+        st.tensors()
+            .into_iter()
+            .map(|(key, view)| Ok((key.clone(), tensor_of(&key, &view)?)))
+            .collect()
+    })
+}
+
+fn with_safetensors<T>(
+    file: &Path,
+    f: impl FnOnce(&SafeTensors) -> Result<T, ModelError>,
+) -> Result<T, ModelError> {
+    let bytes = fs::read(file).map_err(|e| ModelError::io(file, e))?;
+    let st = SafeTensors::deserialize(&bytes)
+        .map_err(|e| ModelError::Checkpoint(format!("{}: {e}", file.display())))?;
+    f(&st)
+}
+
+fn tensor_of(key: &str, view: &TensorView) -> Result<Tensor, ModelError> {
+    let shape: Vec<i64> = view.shape().iter().map(|&d| d as i64).collect();
+    Ok(Tensor::f_from_data_size(
+        view.data(),
+        &shape,
+        kind_of(view.dtype(), key)?,
+    )?)
 }
 
 /// Host copy of a tensor, ready to be written.

@@ -8,7 +8,6 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
-use tch::Tensor;
 
 use crate::model::{self, checkpoint as ckpt, ModelError};
 
@@ -58,30 +57,25 @@ pub fn latest(run_dir: &Path) -> Result<Option<PathBuf>, ModelError> {
     Ok(Some(root.join(name.trim())))
 }
 
+/// The run state saved in checkpoint `dir`.
+pub fn read_state(dir: &Path) -> Result<RunState, ModelError> {
+    let p = dir.join("state.json");
+    let text = fs::read_to_string(&p).map_err(|e| ModelError::io(&p, e))?;
+    serde_json::from_str(&text).map_err(|e| ModelError::Checkpoint(format!("{}: {e}", p.display())))
+}
+
 /// Restores the drafter weights, optimizer state and run state from `dir`.
 pub fn restore(dir: &Path, trainer: &mut DrafterTrainer) -> Result<RunState, ModelError> {
-    let state: RunState = {
-        let p = dir.join("state.json");
-        let text = fs::read_to_string(&p).map_err(|e| ModelError::io(&p, e))?;
-        serde_json::from_str(&text)
-            .map_err(|e| ModelError::Checkpoint(format!("{}: {e}", p.display())))?
-    };
-    let opt_path = dir.join("optimizer.safetensors");
-    let bytes = fs::read(&opt_path).map_err(|e| ModelError::io(&opt_path, e))?;
-    let st = safetensors::SafeTensors::deserialize(&bytes)
-        .map_err(|e| ModelError::Checkpoint(format!("{}: {e}", opt_path.display())))?;
-    let mut tensors = HashMap::new();
-    for (k, v) in st.tensors() {
-        if v.dtype() != safetensors::Dtype::F32 {
-            return Err(ModelError::Checkpoint(format!(
-                "optimizer tensor `{k}` is not F32"
-            )));
-        }
-        let shape: Vec<i64> = v.shape().iter().map(|&d| d as i64).collect();
-        let t = Tensor::f_from_data_size(v.data(), &shape, tch::Kind::Float)?
-            .f_to_device(trainer.device)?;
-        tensors.insert(k, t);
-    }
+    let state = read_state(dir)?;
+    let tensors = ckpt::read_tensors(&dir.join("optimizer.safetensors"))?
+        .into_iter()
+        .map(|(k, t)| {
+            Ok((
+                k,
+                t.f_to_device(trainer.device)?.f_to_kind(tch::Kind::Float)?,
+            ))
+        })
+        .collect::<Result<HashMap<_, _>, ModelError>>()?;
     // the master weights carry the parameters; the drafter directory is for users
     trainer.opt.load_state(&tensors)?;
     Ok(state)

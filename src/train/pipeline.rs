@@ -575,11 +575,8 @@ pub fn run(cfg: TrainConfig, opts: &RunOptions) -> Result<RunReport, TrainError>
     // target workers
     let start_position = match &resume_from {
         Some(dir) => {
-            let p = dir.join("state.json");
-            let text = fs::read_to_string(&p)
-                .map_err(|e| TrainError::Setup(format!("{}: {e}", p.display())))?;
-            serde_json::from_str::<RunState>(&text)
-                .map_err(|e| TrainError::Setup(format!("{}: {e}", p.display())))?
+            checkpoint::read_state(dir)
+                .map_err(|e| TrainError::Setup(format!("--resume: {e}")))?
                 .data_position
         }
         None => 0,
