@@ -72,7 +72,7 @@ fn cpu_trace_has_every_section_nested_with_metadata() {
 /// traced steps as `ProfilerStep#N` with `drafter.step` args, queue args and counters,
 /// proper nesting on every track, drafter sections inside their step, matched flows.
 fn check_structure(trace: &Value, layers: usize, want_steps: &[&str]) {
-    let xs = spans(&trace);
+    let xs = spans(trace);
     let names: BTreeSet<&str> = xs.iter().map(|e| e["name"].as_str().unwrap()).collect();
     let mut required: Vec<String> = [
         "target.forward",

@@ -110,20 +110,11 @@ impl Head {
 }
 
 /// A whole event, as the writer rebuilds it from a head and its continuation slots.
+/// `head.aux` is the step number for [`Kind::Step`]; for other spans the thread's current
+/// step + 1 (0: none), which GPU spans carry as `args.step`. `head.nargs` counts `args`.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct RawEvent {
-    pub start: u64,
-    pub end: u64,
-    /// Flow (`bind_id`), 0 when none.
-    pub flow: u64,
-    /// Step number for [`Kind::Step`]; for other spans the thread's current step + 1 (0:
-    /// none), which GPU spans carry as `args.step`.
-    pub aux: u64,
-    pub name: Name,
-    pub kind: Kind,
-    pub flow_in: bool,
-    pub flow_out: bool,
-    pub nargs: u8,
+    pub head: Head,
     pub args: [Arg; MAX_ARGS],
     pub gpu: Option<GpuPart>,
 }
@@ -131,29 +122,21 @@ pub(crate) struct RawEvent {
 impl RawEvent {
     pub(crate) fn from_head(h: &Head) -> Self {
         RawEvent {
-            start: h.start,
-            end: h.end,
-            flow: h.flow,
-            aux: h.aux,
-            name: h.name,
-            kind: h.kind,
-            flow_in: h.flow_in,
-            flow_out: h.flow_out,
-            nargs: 0,
+            head: Head { nargs: 0, ..*h },
             args: [NO_ARG; MAX_ARGS],
             gpu: None,
         }
     }
 
     pub(crate) fn args(&self) -> &[Arg] {
-        &self.args[..self.nargs as usize]
+        &self.args[..self.head.nargs as usize]
     }
 
     /// Sets `key`, replacing an earlier value of the same key (JSON objects must not
     /// repeat keys). Returns false when the inline array is full.
     #[inline]
     pub(crate) fn set_arg(&mut self, key: &'static str, value: ArgValue) -> bool {
-        let n = self.nargs as usize;
+        let n = self.head.nargs as usize;
         for a in &mut self.args[..n] {
             if a.key == key {
                 a.value = value;
@@ -164,7 +147,7 @@ impl RawEvent {
             return false;
         }
         self.args[n] = Arg { key, value };
-        self.nargs += 1;
+        self.head.nargs += 1;
         true
     }
 }

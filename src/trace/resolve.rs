@@ -121,12 +121,12 @@ impl Resolver {
             return;
         };
         let p = PendingGpu {
-            name: ev.name,
+            name: ev.head.name,
             cpu_ts,
             args: ev.args,
-            nargs: ev.nargs,
-            flow: ev.flow,
-            step: ev.aux,
+            nargs: ev.head.nargs,
+            flow: ev.head.flow,
+            step: ev.head.aux,
             part,
         };
         if self.waiting >= MAX_WAITING {

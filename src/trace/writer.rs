@@ -8,6 +8,7 @@
 //! `]}` at finish. A process killed between flushes leaves a file cut inside the
 //! `traceEvents` array whose every complete line before the cut is a complete event.
 use std::collections::HashMap;
+use std::fmt::Write as _;
 use std::fs::File;
 use std::io::{self, BufWriter, Write};
 use std::path::Path;
@@ -20,6 +21,7 @@ use flate2::write::GzEncoder;
 use super::clock::Timebase;
 use super::event::{Arg, Kind, RawEvent, Slot};
 use super::gpu;
+
 use super::json::{escape_into, push_us, push_value};
 use super::local::{registry, unregister, ThreadSlot, DROPPED, GPU_ERRORS};
 use super::names::{sync_entries, Name, NameEntry};
@@ -194,7 +196,7 @@ impl Writer {
                 });
                 let tid = slot.tid;
                 self.meta_event("thread_sort_index", self.pid, tid, |b| {
-                    b.push_str(&format!("\"sort_index\":{tid}"));
+                    let _ = write!(b, "\"sort_index\":{tid}");
                 });
             }
             m.gpu.as_ref().map(|(_, l)| l.clone())
@@ -257,7 +259,7 @@ impl Writer {
         let b = &mut self.buf;
         b.push_str("{\"ph\":\"M\",\"name\":\"");
         b.push_str(what);
-        b.push_str(&format!("\",\"pid\":{pid},\"tid\":{tid},\"args\":{{"));
+        let _ = write!(b, "\",\"pid\":{pid},\"tid\":{tid},\"args\":{{");
         args(b);
         b.push_str("}}");
     }
@@ -276,15 +278,15 @@ impl Writer {
 
     fn event(&mut self, tid: u32, ev: &RawEvent) {
         // Left in a ring by a span that ended after the previous recorder finished.
-        if ev.start < self.tb.base_ticks {
+        if ev.head.start < self.tb.base_ticks {
             return;
         }
-        let ts = self.tb.ns(ev.start);
-        let end = self.tb.ns(ev.end).max(ts);
-        let Some(entry) = self.name(ev.name).cloned() else {
+        let ts = self.tb.ns(ev.head.start);
+        let end = self.tb.ns(ev.head.end).max(ts);
+        let Some(entry) = self.name(ev.head.name).cloned() else {
             return;
         };
-        if ev.kind == Kind::Counter {
+        if ev.head.kind == Kind::Counter {
             let Some(a) = ev.args().first().copied() else {
                 return;
             };
@@ -294,7 +296,7 @@ impl Writer {
             b.push_str(&entry.first_json);
             b.push_str(",\"name\":");
             b.push_str(&entry.json);
-            b.push_str(&format!(",\"pid\":{},\"ts\":", self.pid));
+            let _ = write!(b, ",\"pid\":{},\"ts\":", self.pid);
             push_us(b, ts);
             b.push_str(",\"args\":{");
             escape_into(b, a.key);
@@ -303,7 +305,7 @@ impl Writer {
             b.push_str("}}");
             return;
         }
-        let cat = match ev.kind {
+        let cat = match ev.head.kind {
             Kind::Queue => "queue",
             Kind::Step => "step",
             _ => "cpu",
@@ -313,27 +315,27 @@ impl Writer {
         b.push_str("{\"ph\":\"X\",\"cat\":\"");
         b.push_str(cat);
         b.push_str("\",\"name\":");
-        if ev.kind == Kind::Step {
-            b.push_str(&format!("\"ProfilerStep#{}\"", ev.aux));
+        if ev.head.kind == Kind::Step {
+            let _ = write!(b, "\"ProfilerStep#{}\"", ev.head.aux);
         } else {
             b.push_str(&entry.json);
         }
-        b.push_str(&format!(",\"pid\":{},\"tid\":{tid},\"ts\":", self.pid));
+        let _ = write!(b, ",\"pid\":{},\"tid\":{tid},\"ts\":", self.pid);
         push_us(b, ts);
         b.push_str(",\"dur\":");
         push_us(b, end - ts);
-        if ev.flow != 0 && (ev.flow_in || ev.flow_out) {
-            b.push_str(&format!(",\"bind_id\":{}", ev.flow));
-            if ev.flow_out {
+        if ev.head.flow != 0 && (ev.head.flow_in || ev.head.flow_out) {
+            let _ = write!(b, ",\"bind_id\":{}", ev.head.flow);
+            if ev.head.flow_out {
                 b.push_str(",\"flow_out\":true");
             }
-            if ev.flow_in {
+            if ev.head.flow_in {
                 b.push_str(",\"flow_in\":true");
             }
         }
         push_args(b, ev.args(), &[]);
         b.push('}');
-        let a = self.acc.entry(ev.name).or_default();
+        let a = self.acc.entry(ev.head.name).or_default();
         a.count += 1;
         a.cpu_ns += end - ts;
         if let Some(r) = self.resolver.as_mut() {
@@ -356,10 +358,10 @@ impl Writer {
             match m {
                 TrackMeta::Process { device } => {
                     self.meta_event("process_name", device, 0, |b| {
-                        b.push_str(&format!("\"name\":\"GPU {device}\""))
+                        let _ = write!(b, "\"name\":\"GPU {device}\"");
                     });
                     self.meta_event("process_sort_index", device, 0, |b| {
-                        b.push_str(&format!("\"sort_index\":{}", device + 1))
+                        let _ = write!(b, "\"sort_index\":{}", device + 1);
                     });
                 }
                 TrackMeta::Thread { device, tid, name } => {
@@ -368,7 +370,7 @@ impl Writer {
                         escape_into(b, &name);
                     });
                     self.meta_event("thread_sort_index", device, tid, |b| {
-                        b.push_str(&format!("\"sort_index\":{tid}"))
+                        let _ = write!(b, "\"sort_index\":{tid}");
                     });
                 }
             }
@@ -381,16 +383,16 @@ impl Writer {
             let b = &mut self.buf;
             b.push_str("{\"ph\":\"X\",\"cat\":\"gpu\",\"name\":");
             b.push_str(&entry.json);
-            b.push_str(&format!(",\"pid\":{},\"tid\":{},\"ts\":", g.device, g.tid));
+            let _ = write!(b, ",\"pid\":{},\"tid\":{},\"ts\":", g.device, g.tid);
             push_us(b, g.ts);
             b.push_str(",\"dur\":");
             push_us(b, g.dur);
             if g.flow != 0 {
-                b.push_str(&format!(",\"bind_id\":{},\"flow_in\":true", g.flow));
+                let _ = write!(b, ",\"bind_id\":{},\"flow_in\":true", g.flow);
             }
             let mut extra = String::new();
             if g.step != 0 && !g.args[..g.nargs as usize].iter().any(|a| a.key == "step") {
-                extra.push_str(&format!("\"step\":{},", g.step - 1));
+                let _ = write!(extra, "\"step\":{},", g.step - 1);
             }
             extra.push_str("\"cpu_ts\":");
             push_us(&mut extra, g.cpu_ts);
