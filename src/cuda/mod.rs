@@ -45,6 +45,12 @@ mod ffi {
         pub fn dflash_cuda_event_create(device: c_int, event: *mut *mut c_void) -> c_int;
         pub fn dflash_cuda_event_destroy(event: *mut c_void) -> c_int;
         pub fn dflash_cuda_event_record(event: *mut c_void, stream: *mut c_void) -> c_int;
+        pub fn dflash_cuda_events_use_driver() -> c_int;
+        pub fn dflash_cuda_event_record_current(
+            device: c_int,
+            event: *mut c_void,
+            stream_id: *mut i64,
+        ) -> c_int;
         pub fn dflash_cuda_event_query(event: *mut c_void) -> c_int;
         pub fn dflash_cuda_event_synchronize(event: *mut c_void) -> c_int;
         pub fn dflash_cuda_event_elapsed_ms(
@@ -360,6 +366,14 @@ fn gpu_err(e: CudaError) -> GpuError {
 }
 
 impl CudaEvents {
+    /// Whether GPU spans record their events through the driver's `cuEventRecord`
+    /// (the default where the driver provides it) rather than the runtime's
+    /// `cudaEventRecord` (`DFLASH_CUDA_EVENTS=runtime`).
+    pub fn uses_driver_record() -> bool {
+        // SAFETY: no arguments; loads a function pointer once.
+        is_available() && unsafe { ffi::dflash_cuda_events_use_driver() } == 1
+    }
+
     /// Fails with [`CudaError::NotAvailable`] when no device is visible.
     pub fn new() -> Result<CudaEvents> {
         let n = device_count();
@@ -412,9 +426,17 @@ impl GpuBackend for CudaEvents {
     }
 
     fn record(&self, device: usize) -> Result<(GpuEvent, u64), GpuError> {
-        let s = current_stream(device).map_err(gpu_err)?;
-        let ev = self.record_on(device, s.raw).map_err(gpu_err)?;
-        Ok((ev, s.id as u64))
+        let ev = self.take(device).map_err(gpu_err)?;
+        let mut stream = 0i64;
+        // SAFETY: a pooled live event of `device`; out-pointer to a local.
+        let rc = unsafe {
+            ffi::dflash_cuda_event_record_current(device as c_int, ev as *mut c_void, &mut stream)
+        };
+        if let Err(e) = check("event_record", rc) {
+            lock(&self.pools[device]).push(ev);
+            return Err(gpu_err(e));
+        }
+        Ok((GpuEvent(ev as u64), stream as u64))
     }
 
     fn record_calibration(&self, device: usize) -> Result<GpuEvent, GpuError> {

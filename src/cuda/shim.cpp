@@ -8,7 +8,9 @@
 #include <torch/torch.h>
 #include <cuda_runtime_api.h>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
+#include <mutex>
 
 namespace {
 thread_local char last_error[512] = {0};
@@ -123,6 +125,56 @@ int dflash_cuda_event_destroy(void* event) {
 
 int dflash_cuda_event_record(void* event, void* stream) {
   return cuda_check(cudaEventRecord(static_cast<cudaEvent_t>(event), static_cast<cudaStream_t>(stream)));
+}
+
+}  // extern "C"
+
+namespace {
+// The driver's cuEventRecord, called directly on the recorder's hot path: the runtime's
+// cudaEventRecord adds its own per-call work (lazy init, context checks) on top of it.
+// Runtime and driver handles are interchangeable. Null when the driver entry point
+// cannot be had, or when DFLASH_CUDA_EVENTS=runtime asks for the runtime call.
+using event_record_fn = int (*)(void*, void*);
+event_record_fn driver_event_record = nullptr;
+std::once_flag driver_once;
+
+void load_driver_record() {
+  const char* want = std::getenv("DFLASH_CUDA_EVENTS");
+  if (want != nullptr && std::strcmp(want, "runtime") == 0) return;
+  void* fn = nullptr;
+  cudaDriverEntryPointQueryResult status;
+  if (cudaGetDriverEntryPointByVersion("cuEventRecord", &fn, 12000, cudaEnableDefault, &status) == cudaSuccess &&
+      status == cudaDriverEntryPointSuccess) {
+    driver_event_record = reinterpret_cast<event_record_fn>(fn);
+  } else {
+    cudaGetLastError();
+  }
+}
+}  // namespace
+
+extern "C" {
+
+// 1 when events are recorded through the driver entry point, 0 through the runtime.
+int dflash_cuda_events_use_driver() {
+  std::call_once(driver_once, load_driver_record);
+  return driver_event_record != nullptr ? 1 : 0;
+}
+
+// Records `event` on the calling thread's current stream on `device` (one call for the
+// recorder's hot path) and writes that stream's packed id.
+int dflash_cuda_event_record_current(int device, void* event, int64_t* stream_id) {
+  SHIM_TRY({
+    std::call_once(driver_once, load_driver_record);
+    auto s = c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device));
+    *stream_id = s.id();
+    if (driver_event_record != nullptr) {
+      int rc = driver_event_record(event, static_cast<void*>(s.stream()));
+      if (rc == 0) return 0;
+      set_error("cuEventRecord failed");
+      return -rc;
+    }
+    return cuda_check(cudaEventRecord(static_cast<cudaEvent_t>(event), s.stream()));
+  })
 }
 
 // 1 when the event has completed, 0 when it has not, negative on error. Never blocks.

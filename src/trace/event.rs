@@ -84,6 +84,9 @@ pub(crate) struct Head {
     pub flow: u64,
     pub aux: u64,
     pub name: Name,
+    /// Spans opened after this one that were still open when it ended (its guard was
+    /// dropped out of order); the writer cuts them at its end.
+    pub outlived: u32,
     pub kind: Kind,
     pub flow_in: bool,
     pub flow_out: bool,
@@ -100,6 +103,7 @@ impl Head {
             flow: 0,
             aux: 0,
             name,
+            outlived: 0,
             kind,
             flow_in: false,
             flow_out: false,

@@ -1,23 +1,24 @@
 //! The hot path: the on/off switch, the per-thread state, the [`Span`] guard, counters
 //! and flows, and the registry through which the writer thread finds every thread's ring.
 //!
-//! Per enabled span: one relaxed load of [`ACTIVE`], a thread-local borrow, two raw clock
-//! reads, a push/pop on a small per-thread stack of open spans (which keeps a guard
-//! dropped out of order from producing overlapping events), and one copy of a fixed-size
-//! [`RawEvent`] into the thread's single-producer ring. No lock, no allocation (after a
-//! thread's first span), no formatting. The writer drains the rings; a thread that exits
-//! leaves its ring behind, so its last events are still written.
-use std::cell::RefCell;
+//! Per enabled span: one relaxed load of [`ACTIVE`] and one thread-local flag at begin,
+//! two raw clock reads, and at the end one copy of a fixed-size [`Head`] into the
+//! thread's single-producer ring. The span's fields live in its guard; there is
+//! no per-thread stack of open spans: the writer, which sees a thread's events in the
+//! order they ended, cuts a guard dropped out of order at its parent's end. No lock, no
+//! allocation (after a thread's first span), no formatting. The writer drains the rings;
+//! a thread that exits leaves its ring behind, so its last events are still written.
+use std::cell::{Cell, RefCell, UnsafeCell};
 use std::marker::PhantomData;
+use std::mem::MaybeUninit;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-
-use rtrb::{Consumer, Producer, RingBuffer};
 
 use super::clock::now;
 use super::event::{Arg, ArgValue, GpuPart, Head, Kind, Slot, MAX_ARGS};
 use super::gpu;
 use super::names::Name;
+use super::ring::{self, Consumer, Producer};
 
 /// Spans record only while this is set (by [`Recorder::set_active`](super::Recorder)).
 pub(crate) static ACTIVE: AtomicBool = AtomicBool::new(false);
@@ -50,7 +51,7 @@ pub(crate) struct ThreadSlot {
     pub tid: u32,
     pub meta: Mutex<ThreadMeta>,
     /// The consumer end of the thread's ring, made at its first recorded event.
-    pub ring: Mutex<Option<Consumer<Slot>>>,
+    pub ring: Mutex<Option<Consumer>>,
     pub alive: AtomicBool,
 }
 
@@ -83,32 +84,20 @@ pub(crate) fn unregister(slot: &Arc<ThreadSlot>) {
         .retain(|s| !Arc::ptr_eq(s, slot));
 }
 
-/// One open span on this thread. The event's fields live in the [`Span`] guard (two
-/// cache-friendly words for a disabled span, ~40 bytes live); its args and GPU half wait
-/// in side vectors, so opening a span writes 32 bytes here.
-#[derive(Clone, Copy)]
-struct Open {
-    seq: u32,
-    nargs: u8,
-    /// The latest end this span may have: set when an enclosing span was dropped
-    /// before it (out of order), so that the two still nest.
-    clamp: u64,
-    /// For a step span: the thread's step (+1) to restore when it ends.
-    prev_step: Option<u64>,
-}
-
+/// The thread's recorder state. Touched only when a span ends (to push its event) and by
+/// the cold paths (GPU spans, step spans, naming); a span's own fields live in its guard.
 struct Local {
     slot: Option<Arc<ThreadSlot>>,
-    producer: Option<Producer<Slot>>,
-    stack: Vec<Open>,
-    /// Args of open spans, by span seq.
-    args: Vec<(u32, Arg)>,
-    /// GPU halves of open spans, by span seq.
-    gpus: Vec<(u32, GpuPart)>,
-    next_seq: u32,
-    /// Current step + 1 (0: none), set by [`step_span`].
+    /// Args of open spans, by start tick.
+    args: Vec<(u64, Arg)>,
+    /// GPU halves of open GPU-timed spans (with the step they began in), by start tick.
+    gpus: Vec<(u64, GpuPart, u64)>,
+    /// Open step spans: start tick, step number, the thread's step (+1) to restore.
+    steps: Vec<(u64, u64, u64)>,
+    /// Current step + 1 (0: none), set by [`step_span`]; GPU spans carry it.
     step: u64,
     gpu_device: Option<usize>,
+    /// Open GPU-timed spans, and the tree id of the outermost one.
     gpu_depth: u32,
     gpu_tree: u32,
     next_tree: u32,
@@ -140,46 +129,58 @@ fn new_slot() -> Arc<ThreadSlot> {
 
 #[cold]
 #[inline(never)]
-fn make_ring<'a>(
-    producer: &'a mut Option<Producer<Slot>>,
-    slot: &mut Option<Arc<ThreadSlot>>,
-) -> &'a mut Producer<Slot> {
-    let (p, c) = RingBuffer::new(RING_SLOTS);
-    let slot = slot.get_or_insert_with(new_slot);
-    *slot.ring.lock().unwrap_or_else(|p| p.into_inner()) = Some(c);
-    producer.insert(p)
+fn make_ring(r: &mut Option<Producer>) -> &mut Producer {
+    let (p, c) = ring::ring(RING_SLOTS);
+    let _ = LOCAL.try_with(|l| {
+        let mut l = l.borrow_mut();
+        *l.slot().ring.lock().unwrap_or_else(|p| p.into_inner()) = Some(c);
+    });
+    r.insert(p)
+}
+
+/// The thread's ring, made at its first event; `None` while the thread is exiting.
+#[inline(always)]
+fn with_ring<R>(f: impl FnOnce(&mut Producer) -> R) -> Option<R> {
+    let p = RING
+        .try_with(|r| {
+            // SAFETY: `RING` is only touched here; no reference to it outlives this call.
+            let r = unsafe { &mut *r.get() };
+            match r {
+                Some(p) => p as *mut Producer,
+                None => make_ring(r) as *mut Producer,
+            }
+        })
+        .ok()?;
+    // SAFETY: the producer lives as long as this thread, and `f` (ring code only) does
+    // not re-enter the recorder. Taking the pointer out of the closure lets the event be
+    // written straight into its slot instead of through a captured copy.
+    Some(f(unsafe { &mut *p }))
+}
+
+/// Copies a plain event (no args, no GPU half) into the thread's ring. A full ring drops
+/// the event (counted).
+#[inline(always)]
+fn push_head(head: Head) {
+    if with_ring(|p| p.push(Slot::Head(head))) != Some(true) {
+        DROPPED.fetch_add(1, Ordering::Relaxed);
+    }
 }
 
 /// Copies an event into the thread's ring: the head, then its args and GPU half, all
 /// published at once. A full ring drops the event (counted).
-#[inline]
-fn push(
-    producer: &mut Option<Producer<Slot>>,
-    slot: &mut Option<Arc<ThreadSlot>>,
-    head: Head,
-    args: &[Arg],
-    gpu: Option<GpuPart>,
-) {
-    let p = match producer {
-        Some(p) => p,
-        None => make_ring(producer, slot),
-    };
-    let ok = if args.is_empty() && gpu.is_none() {
-        p.push(Slot::Head(head)).is_ok()
-    } else {
-        let n = 1 + args.len() + usize::from(gpu.is_some());
-        match p.write_chunk_uninit(n) {
-            Ok(chunk) => {
-                let slots = std::iter::once(Slot::Head(head))
-                    .chain(args.iter().map(|a| Slot::Arg(*a)))
-                    .chain(gpu.map(Slot::Gpu));
-                chunk.fill_from_iter(slots);
-                true
-            }
-            Err(_) => false,
-        }
-    };
-    if !ok {
+#[inline(never)]
+fn push(head: Head, args: &[Arg], gpu: Option<GpuPart>) {
+    let mut slots = [Slot::Head(head); 2 + MAX_ARGS];
+    let mut n = 1;
+    for a in args.iter().take(MAX_ARGS) {
+        slots[n] = Slot::Arg(*a);
+        n += 1;
+    }
+    if let Some(g) = gpu {
+        slots[n] = Slot::Gpu(g);
+        n += 1;
+    }
+    if with_ring(|p| p.push_all(&slots[..n])) != Some(true) {
         DROPPED.fetch_add(1, Ordering::Relaxed);
         if let Some(g) = gpu {
             gpu::release_pair(&g);
@@ -188,14 +189,12 @@ fn push(
 }
 
 impl Local {
-    fn new() -> Self {
+    const fn new() -> Self {
         Local {
             slot: None,
-            producer: None,
-            stack: Vec::with_capacity(64),
-            args: Vec::with_capacity(64),
-            gpus: Vec::with_capacity(16),
-            next_seq: 0,
+            args: Vec::new(),
+            gpus: Vec::new(),
+            steps: Vec::new(),
             step: 0,
             gpu_device: None,
             gpu_depth: 0,
@@ -206,125 +205,6 @@ impl Local {
 
     fn slot(&mut self) -> &Arc<ThreadSlot> {
         self.slot.get_or_insert_with(new_slot)
-    }
-
-    /// Opens a span; returns its seq and the step it belongs to (+1, 0: none).
-    #[inline]
-    fn open(&mut self, step: Option<u64>) -> (u32, u64) {
-        let seq = self.next_seq;
-        self.next_seq = seq.wrapping_add(1);
-        let (aux, prev_step) = match step {
-            Some(n) => {
-                let prev = self.step;
-                self.step = n + 1;
-                (n, Some(prev))
-            }
-            None => (self.step, None),
-        };
-        self.stack.push(Open {
-            seq,
-            nargs: 0,
-            clamp: u64::MAX,
-            prev_step,
-        });
-        (seq, aux)
-    }
-
-    /// The stack index of open span `seq`: the top, unless guards were dropped out of
-    /// order (or the span began while this thread's state was being torn down).
-    #[inline]
-    fn find(&self, seq: u32) -> Option<usize> {
-        match self.stack.last() {
-            Some(top) if top.seq == seq => Some(self.stack.len() - 1),
-            _ => self.stack.iter().rposition(|o| o.seq == seq),
-        }
-    }
-
-    /// Sets `key` on span `seq`, replacing an earlier value of the same key (JSON
-    /// objects must not repeat keys); ignored past [`MAX_ARGS`].
-    fn set_arg(&mut self, seq: u32, key: &'static str, value: ArgValue) {
-        let Some(i) = self.find(seq) else {
-            return;
-        };
-        if let Some(a) = self
-            .args
-            .iter_mut()
-            .rev()
-            .find(|(s, a)| *s == seq && a.key == key)
-        {
-            a.1.value = value;
-            return;
-        }
-        let open = &mut self.stack[i];
-        if (open.nargs as usize) < MAX_ARGS {
-            open.nargs += 1;
-            self.args.push((seq, Arg { key, value }));
-        }
-    }
-
-    /// Ends span `seq` with the event `head` (`start`/`end` set), pushes the event and
-    /// returns the end it was given. A span that ends while spans opened after it are
-    /// still open keeps its end, and those inner spans will end no later than it, so the
-    /// track stays nested (they show truncated rather than overlapping their parent).
-    #[inline]
-    fn close(&mut self, seq: u32, mut head: Head) -> Option<u64> {
-        let i = self.find(seq)?;
-        let open = self.stack[i];
-        head.end = head.end.min(open.clamp).max(head.start);
-        if i + 1 < self.stack.len() {
-            for inner in &mut self.stack[i + 1..] {
-                inner.clamp = inner.clamp.min(head.end);
-            }
-            self.stack.remove(i);
-        } else {
-            self.stack.pop();
-        }
-        if let Some(prev) = open.prev_step {
-            self.step = prev;
-        }
-        head.nargs = open.nargs;
-        let end = head.end;
-        if head.nargs == 0 && !head.gpu {
-            push(&mut self.producer, &mut self.slot, head, &[], None);
-        } else {
-            self.close_slow(seq, head);
-        }
-        Some(end)
-    }
-
-    /// Closing a span with args or a GPU half: gathers them from the side vectors.
-    fn close_slow(&mut self, seq: u32, mut head: Head) {
-        let mut gpu = None;
-        if head.gpu {
-            if let Some(k) = self.gpus.iter().rposition(|(s, _)| *s == seq) {
-                let (_, mut g) = self.gpus.remove(k);
-                self.gpu_depth = self.gpu_depth.saturating_sub(1);
-                if gpu::record_end(&mut g) {
-                    gpu = Some(g);
-                }
-            }
-            if gpu.is_none() {
-                head.gpu = false;
-                head.flow = 0;
-                head.flow_out = false;
-            }
-        }
-        let mut args = [super::event::NO_ARG; MAX_ARGS];
-        let mut n = 0;
-        for (s, a) in &self.args {
-            if *s == seq && n < MAX_ARGS {
-                args[n] = *a;
-                n += 1;
-            }
-        }
-        head.nargs = n as u8;
-        let tail = self.args.len() - n;
-        if self.args[tail..].iter().all(|(s, _)| *s == seq) {
-            self.args.truncate(tail);
-        } else {
-            self.args.retain(|(s, _)| *s != seq);
-        }
-        push(&mut self.producer, &mut self.slot, head, &args[..n], gpu);
     }
 }
 
@@ -337,19 +217,26 @@ impl Drop for Local {
 }
 
 thread_local! {
-    static LOCAL: RefCell<Local> = RefCell::new(Local::new());
-    /// Per-thread switch under the global one ([`set_thread_recording`]).
-    static MUTED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    static LOCAL: RefCell<Local> = const { RefCell::new(Local::new()) };
+    /// The producer end of this thread's ring, made at its first event.
+    static RING: UnsafeCell<Option<Producer>> = const { UnsafeCell::new(None) };
+    /// Per-thread switch under the global one ([`set_thread_recording`]). No destructor,
+    /// so reading it is one thread-local load.
+    static MUTED: Cell<bool> = const { Cell::new(false) };
+    /// Recording spans open on this thread. A span that ends with more open than when it
+    /// began was dropped out of order; it tells the writer how many it outlived.
+    static DEPTH: Cell<u32> = const { Cell::new(0) };
 }
 
 /// Turns recording on or off for the calling thread only (on by default). A trainer whose
 /// threads work on different steps at the same moment (a producer runs ahead of its
 /// consumer) uses it to record the same steps on every thread, so flows between them
-/// have both ends. Cold path: the check sits in the out-of-line span begin.
+/// have both ends. Read in the out-of-line span begin.
 pub fn set_thread_recording(on: bool) {
     MUTED.with(|m| m.set(!on));
 }
 
+#[inline(always)]
 fn muted() -> bool {
     MUTED.with(|m| m.get())
 }
@@ -387,44 +274,77 @@ pub fn unbind_gpu() {
 }
 
 /// An open span; dropping it ends the span. `!Send`: a span begins and ends on one
-/// thread, which is what keeps each thread's track properly nested.
+/// thread, which is what keeps each thread's track properly nested (a guard dropped out
+/// of order is cut at its parent's end by the writer).
+///
+/// The guard holds the event's fields (32 bytes), so beginning a plain span touches no
+/// state beyond two thread-local counters, and ending one is a single copy into the
+/// thread's ring. Args, the GPU half and a step's number wait in per-thread side lists,
+/// keyed by the span's start tick (unique on a thread), and are gathered at the end.
 #[must_use = "a span ends when dropped; bind it: `let _s = trace::span(..)`"]
 pub struct Span {
-    seq: u32,
-    /// The event so far (`start` set at begin, `end` at drop); `None` when not
-    /// recording, which costs one byte store (the `Kind` niche).
-    head: Option<Head>,
+    /// `None`: not recording (then `rec` is left uninitialised, so a disabled span
+    /// costs one byte store).
+    kind: Option<Kind>,
+    rec: MaybeUninit<Rec>,
     _not_send: PhantomData<*const ()>,
 }
 
-impl Span {
-    const OFF: Span = Span {
-        seq: 0,
-        head: None,
-        _not_send: PhantomData,
-    };
+/// The fields of a recording span.
+#[derive(Clone, Copy)]
+struct Rec {
+    start: u64,
+    flow: u64,
+    name: Name,
+    /// Recording spans open on this thread when it began.
+    depth: u32,
+    nargs: u8,
+    gpu: bool,
+    flow_in: bool,
+    flow_out: bool,
+}
 
-    /// Whether this span is recording (the recorder was active when it began).
-    pub fn is_recording(&self) -> bool {
-        self.head.is_some()
+impl Span {
+    #[inline(always)]
+    const fn off() -> Span {
+        Span {
+            kind: None,
+            rec: MaybeUninit::uninit(),
+            _not_send: PhantomData,
+        }
     }
 
-    // Out of line: call sites keep only the `enabled()` test inline.
-    #[inline(never)]
-    fn begin(name: Name, kind: Kind, step: Option<u64>) -> Span {
+    /// Whether this span is recording (the recorder was active when it began).
+    #[inline]
+    pub fn is_recording(&self) -> bool {
+        self.kind.is_some()
+    }
+
+    #[inline(always)]
+    fn rec(&mut self) -> Option<&mut Rec> {
+        // SAFETY: `rec` is initialised whenever `kind` is set (only by `begin`).
+        self.kind.map(|_| unsafe { self.rec.assume_init_mut() })
+    }
+
+    #[inline(always)]
+    fn begin(name: Name, kind: Kind) -> Span {
         if muted() {
-            return Span::OFF;
+            return Span::off();
         }
-        let Ok((seq, aux)) = LOCAL.try_with(|l| l.borrow_mut().open(step)) else {
-            return Span::OFF;
-        };
-        let mut head = Head::new(name, kind);
-        head.aux = aux;
-        // Read the clock last on begin, so the span excludes the recorder's work.
-        head.start = now();
+        let depth = DEPTH.with(|d| d.replace(d.get().wrapping_add(1)));
         Span {
-            seq,
-            head: Some(head),
+            kind: Some(kind),
+            rec: MaybeUninit::new(Rec {
+                // Read the clock last on begin, so the span excludes the recorder's work.
+                start: now(),
+                flow: 0,
+                name,
+                depth,
+                nargs: 0,
+                gpu: false,
+                flow_in: false,
+                flow_out: false,
+            }),
             _not_send: PhantomData,
         }
     }
@@ -433,9 +353,8 @@ impl Span {
     /// keys; a key set twice keeps the last value.
     #[inline]
     pub fn arg(&mut self, key: &'static str, value: impl Into<ArgValue>) {
-        if self.head.is_some() {
-            let value = value.into();
-            let _ = LOCAL.try_with(|l| l.borrow_mut().set_arg(self.seq, key, value));
+        if let Some(r) = self.rec() {
+            set_arg(r, key, value.into());
         }
     }
 
@@ -444,11 +363,9 @@ impl Span {
     /// ignores this call.
     #[inline]
     pub fn flow_out(&mut self, id: u64) {
-        if let Some(h) = &mut self.head {
-            if !h.gpu {
-                h.flow = id;
-                h.flow_out = true;
-            }
+        if let Some(r) = self.rec().filter(|r| !r.gpu) {
+            r.flow = id;
+            r.flow_out = true;
         }
     }
 
@@ -456,56 +373,161 @@ impl Span {
     /// [`flow_out`](Self::flow_out) for the one-flow rule.
     #[inline]
     pub fn flow_in(&mut self, id: u64) {
-        if let Some(h) = &mut self.head {
-            if !h.gpu {
-                h.flow = id;
-                h.flow_in = true;
+        if let Some(r) = self.rec().filter(|r| !r.gpu) {
+            r.flow = id;
+            r.flow_in = true;
+        }
+    }
+}
+
+fn set_arg(r: &mut Rec, key: &'static str, value: ArgValue) {
+    let start = r.start;
+    let _ = LOCAL.try_with(|l| {
+        let mut l = l.borrow_mut();
+        if let Some(a) = l
+            .args
+            .iter_mut()
+            .rev()
+            .find(|(s, a)| *s == start && a.key == key)
+        {
+            a.1.value = value;
+        } else if (r.nargs as usize) < MAX_ARGS {
+            r.nargs += 1;
+            l.args.push((start, Arg { key, value }));
+        }
+    });
+}
+
+impl Drop for Span {
+    #[inline(always)]
+    fn drop(&mut self) {
+        if let Some(kind) = self.kind {
+            // Read the clock first on end.
+            let end = now();
+            // SAFETY: initialised since `kind` is set.
+            let r = unsafe { self.rec.assume_init_ref() };
+            if r.nargs == 0 && !r.gpu && kind != Kind::Step {
+                end_span(r, kind, end);
+            } else {
+                end_slow(r, kind, end);
             }
         }
     }
 }
 
-impl Drop for Span {
-    #[inline]
-    fn drop(&mut self) {
-        if let Some(h) = &mut self.head {
-            // Read the clock first on end.
-            h.end = now();
-            end_span(self.seq, h);
-        }
+#[inline(always)]
+fn head_of(r: &Rec, kind: Kind, end: u64) -> Head {
+    let open = DEPTH.with(|d| d.replace(d.get().wrapping_sub(1)));
+    Head {
+        start: r.start,
+        end,
+        flow: r.flow,
+        aux: 0,
+        name: r.name,
+        outlived: open.saturating_sub(r.depth).saturating_sub(1),
+        kind,
+        flow_in: r.flow_in,
+        flow_out: r.flow_out,
+        nargs: 0,
+        gpu: false,
     }
 }
 
 #[inline(never)]
-fn end_span(seq: u32, head: &Head) {
-    let _ = LOCAL.try_with(|l| l.borrow_mut().close(seq, *head));
+fn end_span(r: &Rec, kind: Kind, end: u64) {
+    push_head(head_of(r, kind, end));
+}
+
+/// Ending a span with args, a GPU half, or a step to restore: gathers them from the
+/// side lists.
+#[cold]
+#[inline(never)]
+fn end_slow(r: &Rec, kind: Kind, end: u64) {
+    let mut head = head_of(r, kind, end);
+    let start = r.start;
+    let gathered = LOCAL.try_with(|l| {
+        let mut l = l.borrow_mut();
+        let l = &mut *l;
+        if kind == Kind::Step {
+            if let Some(k) = l.steps.iter().rposition(|t| t.0 == start) {
+                let (_, step, prev) = l.steps.remove(k);
+                head.aux = step;
+                l.step = prev;
+            }
+        }
+        let mut part = None;
+        if r.gpu {
+            if let Some(k) = l.gpus.iter().rposition(|g| g.0 == start) {
+                let (_, mut g, step) = l.gpus.remove(k);
+                l.gpu_depth = l.gpu_depth.saturating_sub(1);
+                if gpu::record_end(&mut g) {
+                    head.gpu = true;
+                    head.aux = step;
+                    part = Some(g);
+                }
+            }
+            if part.is_none() {
+                head.flow = 0;
+                head.flow_out = false;
+            }
+        }
+        let mut args = [super::event::NO_ARG; MAX_ARGS];
+        let mut n = 0;
+        for (st, a) in &l.args {
+            if *st == start && n < MAX_ARGS {
+                args[n] = *a;
+                n += 1;
+            }
+        }
+        if n > 0 {
+            let tail = l.args.len() - n;
+            if l.args[tail..].iter().all(|(st, _)| *st == start) {
+                l.args.truncate(tail);
+            } else {
+                l.args.retain(|(st, _)| *st != start);
+            }
+        }
+        (args, n, part)
+    });
+    if let Ok((args, n, part)) = gathered {
+        head.nargs = n as u8;
+        push(head, &args[..n], part);
+    }
 }
 
 /// A CPU span (`cat:"cpu"`) on this thread's track.
-#[inline]
+#[inline(always)]
 pub fn span(name: Name) -> Span {
     if !enabled() {
-        return Span::OFF;
+        return Span::off();
     }
-    Span::begin(name, Kind::Cpu, None)
+    Span::begin(name, Kind::Cpu)
 }
 
 /// A queue span (`cat:"queue"`): time spent putting into or getting from a queue.
 #[inline]
 pub fn queue_span(name: Name) -> Span {
     if !enabled() {
-        return Span::OFF;
+        return Span::off();
     }
-    Span::begin(name, Kind::Queue, None)
+    Span::begin(name, Kind::Queue)
 }
 
 /// `ProfilerStep#<step>` (`cat:"step"`). While it is open, this thread's GPU spans carry
 /// `args.step = step`.
 pub fn step_span(step: u64) -> Span {
     if !enabled() {
-        return Span::OFF;
+        return Span::off();
     }
-    Span::begin(super::names::step_name(), Kind::Step, Some(step))
+    let mut s = Span::begin(super::names::step_name(), Kind::Step);
+    if let Some(r) = s.rec() {
+        let _ = LOCAL.try_with(|l| {
+            let mut l = l.borrow_mut();
+            let prev = std::mem::replace(&mut l.step, step + 1);
+            l.steps.push((r.start, step, prev));
+        });
+    }
+    s
 }
 
 /// A CPU span which, when this thread is bound to a device ([`bind_gpu`]) and the
@@ -515,11 +537,10 @@ pub fn step_span(step: u64) -> Span {
 /// on top of a CPU span.
 pub fn gpu_span(name: Name) -> Span {
     if !enabled() {
-        return Span::OFF;
+        return Span::off();
     }
-    let mut s = Span::begin(name, Kind::Cpu, None);
-    let seq = s.seq;
-    if let Some(h) = &mut s.head {
+    let mut s = Span::begin(name, Kind::Cpu);
+    if let Some(r) = s.rec() {
         let _ = LOCAL.try_with(|l| {
             let mut l = l.borrow_mut();
             let Some(device) = l.gpu_device else {
@@ -530,15 +551,15 @@ pub fn gpu_span(name: Name) -> Span {
                 l.next_tree = l.next_tree.wrapping_add(1);
                 l.gpu_tree = l.next_tree;
             }
-            let tree = l.gpu_tree;
-            let Some(part) = gpu::record_begin(device, tree, root) else {
+            let Some(part) = gpu::record_begin(device, l.gpu_tree, root) else {
                 return;
             };
-            h.gpu = true;
-            h.flow = next_flow_id();
-            h.flow_out = true;
-            h.flow_in = false;
-            l.gpus.push((seq, part));
+            r.gpu = true;
+            r.flow = next_flow_id();
+            r.flow_out = true;
+            r.flow_in = false;
+            let step = l.step;
+            l.gpus.push((r.start, part, step));
             l.gpu_depth += 1;
         });
     }
@@ -560,77 +581,20 @@ pub fn counter(name: Name, key: &'static str, value: f64) {
         key,
         value: ArgValue::F64(value),
     };
-    let _ = LOCAL.try_with(|l| {
-        let mut l = l.borrow_mut();
-        let l = &mut *l;
-        push(&mut l.producer, &mut l.slot, head, &[arg], None);
-    });
+    push(head, &[arg], None);
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn head(start: u64, end: u64) -> Head {
-        let mut h = Head::new(Name(0), Kind::Cpu);
-        h.start = start;
-        h.end = end;
-        h
-    }
-
-    #[test]
-    fn out_of_order_close_clamps_inner_spans() {
-        let mut l = Local::new();
-        let (a, _) = l.open(None);
-        let (b, _) = l.open(None);
-        let (c, _) = l.open(None);
-        // `a` ends first, at 100: b and c must end by 100.
-        assert_eq!(l.close(a, head(1, 100)), Some(100));
-        assert_eq!(l.close(c, head(3, 150)), Some(100));
-        // A span opened after the cut is not clamped.
-        let (d, _) = l.open(None);
-        assert_eq!(l.close(d, head(120, 300)), Some(300));
-        assert_eq!(l.close(b, head(2, 200)), Some(100));
-        assert!(l.stack.is_empty());
-    }
-
-    #[test]
-    fn in_order_close_is_exact_and_restores_the_step() {
-        let mut l = Local::new();
-        let (s, _) = l.open(Some(7));
-        assert_eq!(l.step, 8);
-        let (a, aux) = l.open(None);
-        assert_eq!(aux, 8);
-        l.set_arg(a, "k", ArgValue::I64(1));
-        l.set_arg(s, "k", ArgValue::I64(2));
-        l.set_arg(a, "k", ArgValue::I64(3));
-        assert_eq!(l.args.len(), 2);
-        assert_eq!(l.stack[1].nargs, 1);
-        assert_eq!(l.close(a, head(2, 5)), Some(5));
-        assert_eq!(
-            l.args,
-            vec![(
-                s,
-                Arg {
-                    key: "k",
-                    value: ArgValue::I64(2)
-                }
-            )]
-        );
-        assert_eq!(l.close(s, head(1, 9)), Some(9));
-        assert!(l.args.is_empty());
-        assert_eq!(l.step, 0);
-        // Unknown seq: nothing to close.
-        assert_eq!(l.close(1234, head(0, 7)), None);
-    }
-
     #[test]
     fn a_disabled_span_is_small_and_inert() {
-        assert!(std::mem::size_of::<Span>() <= 64);
-        assert_eq!(
-            std::mem::size_of::<Option<Head>>(),
-            std::mem::size_of::<Head>()
-        );
-        assert!(!Span::OFF.is_recording());
+        assert!(std::mem::size_of::<Span>() <= 40);
+        let mut s = Span::off();
+        assert!(!s.is_recording());
+        s.arg("k", 1u64);
+        s.flow_out(3);
+        assert!(s.rec().is_none());
     }
 }

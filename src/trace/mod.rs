@@ -36,6 +36,7 @@ mod mock;
 mod names;
 mod recorder;
 mod resolve;
+mod ring;
 mod writer;
 
 use std::path::PathBuf;
