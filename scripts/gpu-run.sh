@@ -7,7 +7,8 @@
 #
 #   scripts/gpu-run.sh [BIN] [OUT_DIR]      (defaults: target/release/dflash, gpu-runs)
 #
-# Runs: perf (traced) and perf-notrace; fidelity (sections also timed by synchronizing);
+# Runs: perf (traced) and perf-notrace; span costs (gpu_span_cost example, driver and
+# runtime event records; the trace_span bench binary when present); fidelity (sections also timed by synchronizing);
 # overhead-{trace,notrace}-N interleaved; fixture-a / fixture-b (anchors 256 vs 512,
 # gzipped traces of a few steps).
 set -euo pipefail
@@ -41,7 +42,14 @@ for i in $(seq 1 "$reps"); do
 done
 # CPU cost of one GPU-timed span
 example="$(dirname "$bin")/examples/gpu_span_cost"
-if [[ -x "$example" ]]; then "$example" | tee "$out/gpu_span_cost.txt"; fi
+if [[ -x "$example" ]]; then
+  "$example" | tee "$out/gpu_span_cost.txt"
+  DFLASH_CUDA_EVENTS=runtime "$example" | tee "$out/gpu_span_cost_runtime.txt"
+fi
+# CPU-only span cost on this host's CPU: the trace_span bench binary, if carried
+# (cp target/release/deps/trace_span-<hash> target/release/trace_span_bench).
+bench="$(dirname "$bin")/trace_span_bench"
+if [[ -x "$bench" ]]; then TRACE_BENCH_MIN=1 "$bench" --bench 2>&1 | tee "$out/trace_span_bench.txt"; fi
 run fixture-a --steps 14 --trace "$out/fixture-a" --trace-steps 6..14 --trace-gzip
 run fixture-b --steps 14 --trace "$out/fixture-b" --trace-steps 6..14 --trace-gzip --set num_anchors=512
 echo "done: $out"
