@@ -50,7 +50,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     per_span_ns(&rec, 5, 500, || drop(trace::gpu_span(name)));
     let (gmin, gmed) = per_span_ns(&rec, 50, 500, || drop(trace::gpu_span(name)));
     let (cmin, cmed) = per_span_ns(&rec, 50, 500, || drop(trace::span(cpu)));
-    println!("gpu_span (2 event records): best {gmin:.0} ns, median {gmed:.0} ns per span");
+    trace::set_gpu_event_reuse_window(std::time::Duration::ZERO);
+    let (nmin, nmed) = per_span_ns(&rec, 50, 500, || drop(trace::gpu_span(name)));
+    trace::set_gpu_event_reuse_window(std::time::Duration::from_nanos(200));
+    println!("gpu_span, back to back:     best {gmin:.0} ns, median {gmed:.0} ns per span");
+    println!("gpu_span, 2 records each:   best {nmin:.0} ns, median {nmed:.0} ns per span");
     println!("cpu span:                   best {cmin:.0} ns, median {cmed:.0} ns per span");
 
     // The parts: one backend record (pool + current stream + record), and one bare
@@ -76,12 +80,33 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let _s = trace::gpu_span(name);
         let _ = x.g_add_scalar(1.0);
     });
+    // A CPU gap after each span: no event to share with the next one.
+    let gap = || {
+        let t = Instant::now();
+        while t.elapsed().as_nanos() < 1000 {}
+    };
+    let (gkmin, gkmed) = per_span_ns(&rec, 50, 200, || {
+        let _ = x.g_add_scalar(1.0);
+        gap();
+    });
+    let (gsmin, gsmed) = per_span_ns(&rec, 50, 200, || {
+        {
+            let _s = trace::gpu_span(name);
+            let _ = x.g_add_scalar(1.0);
+        }
+        gap();
+    });
     stream.synchronize()?;
     println!("kernel launch alone:        best {kmin:.0} ns, median {kmed:.0} ns");
     println!(
         "launch inside gpu_span:     best {smin:.0} ns, median {smed:.0} ns (span adds {:.0} / {:.0} ns)",
         smin - kmin,
         smed - kmed
+    );
+    println!(
+        "same, 1 us gap after each:  best {gsmin:.0} ns, median {gsmed:.0} ns (span adds {:.0} / {:.0} ns)",
+        gsmin - gkmin,
+        gsmed - gkmed
     );
     let s = rec.finish()?;
     println!(

@@ -710,3 +710,107 @@ fn unwritable_path_fails_at_start() {
         .finish()
         .unwrap();
 }
+
+/// Back-to-back GPU-timed spans on one stream share their boundary events: one record
+/// per boundary, the next span's GPU start exactly at the previous one's end. A change
+/// of stream, or a zero window, records afresh; every event still goes back to the pool.
+#[test]
+fn back_to_back_gpu_spans_share_boundary_events() {
+    /// Puts the default window back even when an assertion fails.
+    struct Window;
+    impl Drop for Window {
+        fn drop(&mut self) {
+            trace::set_gpu_event_reuse_window(Duration::from_nanos(200));
+            MockGpu::set_current_stream(7);
+        }
+    }
+    let _g = lock();
+    let _w = Window;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("trace.json");
+    let gpu = Arc::new(MockGpu::new(
+        1,
+        Duration::from_micros(5),
+        Duration::from_micros(20),
+    ));
+    let mut cfg = config(&path);
+    cfg.gpu = Some(gpu.clone());
+    let rec = Recorder::start(cfg).unwrap();
+    MockGpu::set_current_stream(7);
+    trace::bind_gpu(0, "shared");
+    // Each span "works" (sleeps) far longer than the window, which in turn is far longer
+    // than a slow build takes from one span's end to the next one's begin.
+    trace::set_gpu_event_reuse_window(Duration::from_millis(20));
+    let work = Duration::from_millis(40);
+    let (a, b, c) = (
+        trace::intern("share.a"),
+        trace::intern("share.b"),
+        trace::intern("share.c"),
+    );
+    let before = gpu.recorded();
+    {
+        // One tree (placed with one calibration), so shared instants map to one time.
+        let _outer = trace::gpu_span(trace::intern("share.outer"));
+        for _ in 0..4 {
+            for n in [a, b] {
+                let _s = trace::gpu_span(n);
+                std::thread::sleep(work);
+            }
+        }
+    }
+    assert_eq!(
+        gpu.recorded() - before,
+        9,
+        "one record per boundary; the outer span shares its first and last"
+    );
+    // Another stream: the next span cannot reuse the last event.
+    MockGpu::set_current_stream(8);
+    let before = gpu.recorded();
+    drop(trace::gpu_span(c));
+    assert_eq!(
+        gpu.recorded() - before,
+        1,
+        "begin recorded afresh, end shared"
+    );
+    trace::set_gpu_event_reuse_window(Duration::ZERO);
+    let before = gpu.recorded();
+    drop(trace::gpu_span(c));
+    assert_eq!(gpu.recorded() - before, 2, "no reuse with a zero window");
+    rec.finish().unwrap();
+    trace::unbind_gpu();
+    assert_eq!(
+        gpu.outstanding(),
+        0,
+        "shared events go back to the pool once"
+    );
+
+    let doc = parse(&path);
+    let evs = events(&doc);
+    assert_tracks_valid(evs);
+    let mut spans: Vec<(i64, i64)> = evs
+        .iter()
+        .filter(|e| e["cat"] == "gpu" && (e["name"] == "share.a" || e["name"] == "share.b"))
+        .map(|e| (ns(&e["ts"]), ns(&e["dur"])))
+        .collect();
+    spans.sort();
+    assert_eq!(spans.len(), 8);
+    let outer = x_named(evs, "share.outer")
+        .into_iter()
+        .find(|e| e["cat"] == "gpu")
+        .map(|e| (ns(&e["ts"]), ns(&e["dur"])))
+        .unwrap();
+    let (first, last) = (spans[0], spans[7]);
+    assert!((outer.0 - first.0).abs() <= 1, "{outer:?} {first:?}");
+    assert!(
+        (outer.0 + outer.1 - last.0 - last.1).abs() <= 1,
+        "{outer:?} {last:?}"
+    );
+    for w in spans.windows(2) {
+        assert!(
+            (w[0].0 + w[0].1 - w[1].0).abs() <= 1,
+            "{:?} then {:?}: the shared boundary is one instant",
+            w[0],
+            w[1]
+        );
+    }
+}

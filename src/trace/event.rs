@@ -65,6 +65,8 @@ pub(crate) struct GpuPart {
     /// writer places a whole tree with one clock mapping so that it stays nested.
     pub tree: u32,
     pub root: bool,
+    /// The recorder generation the events belong to (see `gpu::LastRecord`).
+    pub gen: u32,
 }
 
 /// One slot of a thread's ring. A span takes one [`Head`] slot, followed (written and

@@ -13,7 +13,7 @@
 //! remembers the calibration current when it began (its *epoch*) and the writer places
 //! its whole tree of nested GPU spans with that one mapping, so the tree stays nested.
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::time::Duration;
 
@@ -153,6 +153,7 @@ pub(crate) fn release_cals(b: &dyn GpuBackend) {
     }
     c.devices.clear();
     drop(c);
+    release_held(b);
     reset();
 }
 
@@ -243,25 +244,125 @@ pub(crate) fn prune(b: &dyn GpuBackend, device: usize, keep_from: Option<u32>) {
     });
 }
 
-/// Begin half of a GPU-timed span: records the begin event on the thread's current
-/// stream. `None` (span stays CPU-only) without a backend, a calibration or on error.
-pub(crate) fn record_begin(device: usize, tree: u32, root: bool) -> Option<GpuPart> {
-    let epoch = DEVICE_EPOCH.get(device)?.load(Ordering::Acquire);
-    if epoch == 0 {
-        return None;
+/// A recording thread's most recent span event. The next GPU-timed span boundary on that
+/// thread reuses it instead of recording a new one when it comes within [`REUSE_NS`] on
+/// the same device and stream: nothing can have been queued on the stream in between
+/// (queuing any work takes longer than that), so a new event would complete at the same
+/// moment. Back-to-back sections (one ends, the next begins; an inner span ends, then
+/// its parent) then cost one event record per boundary instead of two.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct LastRecord {
+    event: u64,
+    stream: u64,
+    device: u32,
+    gen: u32,
+    /// Clock ticks when the recorder last handed control back to the thread's own code
+    /// after using this event.
+    after: u64,
+}
+
+impl LastRecord {
+    /// The thread's code runs again from now on (called as the recorder returns).
+    pub(crate) fn touch(&mut self) {
+        self.after = now();
     }
-    let guard = BACKEND.read().unwrap_or_else(|p| p.into_inner());
-    let b = guard.as_ref()?;
+}
+
+/// See [`LastRecord`]. Well below the CPU cost of queuing anything on a stream.
+pub(crate) const REUSE_NS: u64 = 200;
+static REUSE_WINDOW_NS: AtomicU64 = AtomicU64::new(REUSE_NS);
+
+/// Sets the window within which a span boundary reuses its thread's previous GPU event
+/// (default 200 ns; zero: never). For tests, which need a deterministic window on slow
+/// builds; a window longer than the time to queue work on a stream mis-times spans.
+#[doc(hidden)]
+pub fn set_gpu_event_reuse_window(window: Duration) {
+    REUSE_WINDOW_NS.store(window.as_nanos() as u64, Ordering::Relaxed);
+}
+
+/// Bumped when a recorder finishes: events of an earlier recorder are never reused or
+/// released again.
+static GEN: AtomicU32 = AtomicU32::new(1);
+
+/// Holders of each live span event, by (generation, device, event): the spans that use it
+/// and the recording thread while it is its [`LastRecord`]. At zero it goes back to the
+/// backend's pool.
+static REFS: Mutex<BTreeMap<(u32, u32, u64), u32>> = Mutex::new(BTreeMap::new());
+
+fn refs() -> MutexGuard<'static, BTreeMap<(u32, u32, u64), u32>> {
+    REFS.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Drops one hold on a span event; the last returns it to the backend's pool.
+fn unref(b: &dyn GpuBackend, gen: u32, device: u32, event: u64) {
+    let mut r = refs();
+    let Some(n) = r.get_mut(&(gen, device, event)) else {
+        return;
+    };
+    *n -= 1;
+    if *n == 0 {
+        r.remove(&(gen, device, event));
+        drop(r);
+        b.release(device as usize, GpuEvent(event));
+    }
+}
+
+/// Returns every span event still held (by threads' last records, or spans never
+/// written) to `b`, and starts a new generation (the recorder finishes).
+fn release_held(b: &dyn GpuBackend) {
+    let gen = GEN.fetch_add(1, Ordering::AcqRel);
+    let mut r = refs();
+    let held: Vec<(u32, u64)> = r
+        .keys()
+        .filter(|k| k.0 == gen)
+        .map(|k| (k.1, k.2))
+        .collect();
+    r.clear();
+    drop(r);
+    for (device, event) in held {
+        b.release(device as usize, GpuEvent(event));
+    }
+}
+
+/// One span boundary's event on the calling thread's current stream: `last` reused when
+/// the thread's own code ran for less than the window since the recorder last returned
+/// (`entered`: the clock when the recorder was entered again) on the same stream; else a
+/// new record, which becomes `last`. Returns (event, stream, gen).
+fn record_boundary(
+    b: &dyn GpuBackend,
+    device: usize,
+    last: &mut Option<LastRecord>,
+    entered: u64,
+) -> Option<(u64, u64, u32)> {
+    let gen = GEN.load(Ordering::Acquire);
+    if let Some(l) = *last {
+        if l.gen == gen
+            && l.device as usize == device
+            && delta_ns(l.after, entered) < REUSE_WINDOW_NS.load(Ordering::Relaxed)
+            && b.current_stream(device).ok() == Some(l.stream)
+        {
+            if let Some(n) = refs().get_mut(&(gen, l.device, l.event)) {
+                *n += 1;
+                return Some((l.event, l.stream, gen));
+            }
+        }
+    }
     match b.record(device) {
-        Ok((ev, stream)) => Some(GpuPart {
-            begin: ev.0,
-            end: 0,
-            stream,
-            device: device as u32,
-            epoch,
-            tree,
-            root,
-        }),
+        Ok((ev, stream)) => {
+            let after = now();
+            // Held by the span and by `last`.
+            refs().insert((gen, device as u32, ev.0), 2);
+            if let Some(old) = last.replace(LastRecord {
+                event: ev.0,
+                stream,
+                device: device as u32,
+                gen,
+                after,
+            }) {
+                unref(b, old.gen, old.device, old.event);
+            }
+            Some((ev.0, stream, gen))
+        }
         Err(_) => {
             GPU_ERRORS.fetch_add(1, Ordering::Relaxed);
             None
@@ -269,32 +370,68 @@ pub(crate) fn record_begin(device: usize, tree: u32, root: bool) -> Option<GpuPa
     }
 }
 
-/// End half: records the end event. On failure releases the begin event and returns
-/// false (the span stays CPU-only).
-pub(crate) fn record_end(g: &mut GpuPart) -> bool {
+/// Begin half of a GPU-timed span: an event on the thread's current stream. `None`
+/// (span stays CPU-only) without a backend, a calibration or on error.
+pub(crate) fn record_begin(
+    device: usize,
+    tree: u32,
+    root: bool,
+    last: &mut Option<LastRecord>,
+    entered: u64,
+) -> Option<GpuPart> {
+    let epoch = DEVICE_EPOCH.get(device)?.load(Ordering::Acquire);
+    if epoch == 0 {
+        return None;
+    }
+    let guard = BACKEND.read().unwrap_or_else(|p| p.into_inner());
+    let b = guard.as_ref()?;
+    let (begin, stream, gen) = record_boundary(&**b, device, last, entered)?;
+    Some(GpuPart {
+        begin,
+        end: 0,
+        stream,
+        device: device as u32,
+        epoch,
+        tree,
+        root,
+        gen,
+    })
+}
+
+/// End half: an event on the thread's current stream. On failure drops the begin event
+/// and returns false (the span stays CPU-only).
+pub(crate) fn record_end(g: &mut GpuPart, last: &mut Option<LastRecord>, entered: u64) -> bool {
     let guard = BACKEND.read().unwrap_or_else(|p| p.into_inner());
     let Some(b) = guard.as_ref() else {
         return false;
     };
-    match b.record(g.device as usize) {
-        Ok((ev, _)) => {
-            g.end = ev.0;
+    match record_boundary(&**b, g.device as usize, last, entered) {
+        Some((ev, _, gen)) if gen == g.gen => {
+            g.end = ev;
             true
         }
-        Err(_) => {
-            GPU_ERRORS.fetch_add(1, Ordering::Relaxed);
-            b.release(g.device as usize, GpuEvent(g.begin));
+        Some((ev, _, gen)) => {
+            unref(&**b, gen, g.device, ev);
+            false
+        }
+        None => {
+            unref(&**b, g.gen, g.device, g.begin);
             false
         }
     }
 }
 
-/// Returns both events of a span that will not be resolved.
+/// Drops a span's holds on its events (written, discarded, or lost to a full ring).
+pub(crate) fn release_part(b: &dyn GpuBackend, g: &GpuPart) {
+    unref(b, g.gen, g.device, g.begin);
+    if g.end != 0 {
+        unref(b, g.gen, g.device, g.end);
+    }
+}
+
+/// [`release_part`] with the running recorder's backend.
 pub(crate) fn release_pair(g: &GpuPart) {
     if let Some(b) = backend() {
-        b.release(g.device as usize, GpuEvent(g.begin));
-        if g.end != 0 {
-            b.release(g.device as usize, GpuEvent(g.end));
-        }
+        release_part(&*b, g);
     }
 }

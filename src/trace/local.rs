@@ -101,6 +101,8 @@ struct Local {
     gpu_depth: u32,
     gpu_tree: u32,
     next_tree: u32,
+    /// The thread's latest GPU event, reusable by the next span boundary.
+    last_gpu: Option<gpu::LastRecord>,
 }
 
 fn new_slot() -> Arc<ThreadSlot> {
@@ -200,6 +202,7 @@ impl Local {
             gpu_depth: 0,
             gpu_tree: 0,
             next_tree: 0,
+            last_gpu: None,
         }
     }
 
@@ -460,7 +463,7 @@ fn end_slow(r: &Rec, kind: Kind, end: u64) {
             if let Some(k) = l.gpus.iter().rposition(|g| g.0 == start) {
                 let (_, mut g, step) = l.gpus.remove(k);
                 l.gpu_depth = l.gpu_depth.saturating_sub(1);
-                if gpu::record_end(&mut g) {
+                if gpu::record_end(&mut g, &mut l.last_gpu, end) {
                     head.gpu = true;
                     head.aux = step;
                     part = Some(g);
@@ -493,6 +496,19 @@ fn end_slow(r: &Rec, kind: Kind, end: u64) {
         head.nargs = n as u8;
         push(head, &args[..n], part);
     }
+    if r.gpu {
+        touch_last_gpu();
+    }
+}
+
+/// Marks the thread's latest GPU event as handed back to the thread's code now (see
+/// `gpu::LastRecord`): the last thing the recorder does on a GPU-timed path.
+fn touch_last_gpu() {
+    let _ = LOCAL.try_with(|l| {
+        if let Some(last) = l.borrow_mut().last_gpu.as_mut() {
+            last.touch();
+        }
+    });
 }
 
 /// A CPU span (`cat:"cpu"`) on this thread's track.
@@ -551,7 +567,8 @@ pub fn gpu_span(name: Name) -> Span {
                 l.next_tree = l.next_tree.wrapping_add(1);
                 l.gpu_tree = l.next_tree;
             }
-            let Some(part) = gpu::record_begin(device, l.gpu_tree, root) else {
+            let tree = l.gpu_tree;
+            let Some(part) = gpu::record_begin(device, tree, root, &mut l.last_gpu, r.start) else {
                 return;
             };
             r.gpu = true;
@@ -561,6 +578,9 @@ pub fn gpu_span(name: Name) -> Span {
             let step = l.step;
             l.gpus.push((r.start, part, step));
             l.gpu_depth += 1;
+            if let Some(last) = l.last_gpu.as_mut() {
+                last.touch();
+            }
         });
     }
     s

@@ -43,7 +43,9 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 pub use event::{ArgValue, MAX_ARGS};
-pub use gpu::{DeviceProperties, GpuBackend, GpuError, GpuEvent, MAX_DEVICES};
+pub use gpu::{
+    set_gpu_event_reuse_window, DeviceProperties, GpuBackend, GpuError, GpuEvent, MAX_DEVICES,
+};
 pub use local::{
     bind_gpu, counter, enabled, gpu_span, next_flow_id, queue_span, set_thread_name,
     set_thread_recording, span, step_span, unbind_gpu, Span,

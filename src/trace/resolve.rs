@@ -243,8 +243,7 @@ impl Resolver {
     }
 
     fn release(&self, g: &GpuPart) {
-        self.backend.release(g.device as usize, GpuEvent(g.begin));
-        self.backend.release(g.device as usize, GpuEvent(g.end));
+        gpu::release_part(&*self.backend, g);
     }
 
     fn state(&self, tree: &[PendingGpu]) -> TreeState {
