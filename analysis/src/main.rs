@@ -50,8 +50,14 @@ fn color_enabled(when: ColorWhen) -> bool {
 }
 
 fn load_run(path: &Path) -> anyhow::Result<Trace> {
-    let trace = load::load(path, &LoadOptions { progress: true })
-        .map_err(|e: LoadError| anyhow::Error::new(e))?;
+    let trace = load::load(
+        path,
+        &LoadOptions {
+            progress: true,
+            ..Default::default()
+        },
+    )
+    .map_err(|e: LoadError| anyhow::Error::new(e))?;
     for w in &trace.warnings {
         eprintln!("warning: {}: {w}", trace.path.display());
     }

@@ -109,19 +109,24 @@ pub(crate) fn scan_event(c: &mut Cursor<'_>, ev: &mut Event) -> Scan<()> {
             _ => return c.syntax("expected a quoted key in the event object"),
         };
         c.eat(b':')?;
+        // Byte patterns rather than string literals: compared inline, without a call.
         match c.bytes(key) {
-            b"ph" => ev.ph = Some(want_string(c, "ph")?),
-            b"name" => ev.name = Some(want_string(c, "name")?),
-            b"cat" => ev.cat = Some(want_string(c, "cat")?),
-            b"pid" => ev.pid = want_id(c, "pid")?,
-            b"tid" => ev.tid = want_id(c, "tid")?,
-            b"ts" => ev.ts = Some(want_number(c, "ts")?),
-            b"dur" => ev.dur = Some(want_number(c, "dur")?),
-            b"id" => ev.id = want_id(c, "id")?,
-            b"bind_id" => ev.bind_id = Some(want_number(c, "bind_id")?),
-            b"flow_in" => ev.flow_in = want_bool(c, "flow_in")?,
-            b"flow_out" => ev.flow_out = want_bool(c, "flow_out")?,
-            b"args" => scan_args(c, ev)?,
+            [b'p', b'h'] => ev.ph = Some(want_string(c, "ph")?),
+            [b'n', b'a', b'm', b'e'] => ev.name = Some(want_string(c, "name")?),
+            [b'c', b'a', b't'] => ev.cat = Some(want_string(c, "cat")?),
+            [b'p', b'i', b'd'] => ev.pid = want_id(c, "pid")?,
+            [b't', b'i', b'd'] => ev.tid = want_id(c, "tid")?,
+            [b't', b's'] => ev.ts = Some(want_number(c, "ts")?),
+            [b'd', b'u', b'r'] => ev.dur = Some(want_number(c, "dur")?),
+            [b'i', b'd'] => ev.id = want_id(c, "id")?,
+            [b'b', b'i', b'n', b'd', b'_', b'i', b'd'] => {
+                ev.bind_id = Some(want_number(c, "bind_id")?)
+            }
+            [b'f', b'l', b'o', b'w', b'_', b'i', b'n'] => ev.flow_in = want_bool(c, "flow_in")?,
+            [b'f', b'l', b'o', b'w', b'_', b'o', b'u', b't'] => {
+                ev.flow_out = want_bool(c, "flow_out")?
+            }
+            [b'a', b'r', b'g', b's'] => scan_args(c, ev)?,
             _ => c.skip_value()?,
         }
         match c.peek()? {

@@ -7,7 +7,7 @@
 
 use polars::prelude::*;
 
-use super::raw::{ArgKey, Raw};
+use super::raw::{ArgKey, Raw, NO_SPAN};
 use crate::warning::Warning;
 
 /// What a span is.
@@ -188,8 +188,68 @@ fn opt_f64(name: &str, values: Vec<f64>, valid: Vec<bool>) -> Column {
     Float64Chunked::from_vec_validity(name.into(), values, Some(validity)).into_column()
 }
 
-pub(crate) fn build(raw: Raw, run: &str, warnings: &mut Vec<Warning>) -> PolarsResult<Built> {
+/// The flow columns of a [`Raw`], taken out to be built on their own thread.
+struct FlowCols {
+    id: Vec<u64>,
+    dir: Vec<u8>,
+    pid: Vec<i64>,
+    tid: Vec<i64>,
+    ts: Vec<f64>,
+    span: Vec<u32>,
+}
+
+fn flows_frame(f: FlowCols) -> PolarsResult<DataFrame> {
+    DataFrame::new(
+        f.ts.len(),
+        vec![
+            UInt64Chunked::from_vec("id".into(), f.id).into_column(),
+            StringChunked::from_iter_values(
+                "dir".into(),
+                f.dir.iter().map(|&d| if d == 0 { "out" } else { "in" }),
+            )
+            .into_column(),
+            Int64Chunked::from_vec("pid".into(), f.pid).into_column(),
+            Int64Chunked::from_vec("tid".into(), f.tid).into_column(),
+            Float64Chunked::from_vec("ts".into(), f.ts).into_column(),
+            {
+                let validity =
+                    polars_arrow::bitmap::Bitmap::from_iter(f.span.iter().map(|&s| s != NO_SPAN));
+                let rows: Vec<i64> = f.span.iter().map(|&s| s as i64).collect();
+                Int64Chunked::from_vec_validity("span".into(), rows, Some(validity)).into_column()
+            },
+        ],
+    )
+}
+
+pub(crate) fn build(mut raw: Raw, run: &str, warnings: &mut Vec<Warning>) -> PolarsResult<Built> {
+    use std::mem::take;
+    let flows = FlowCols {
+        id: take(&mut raw.flow_id),
+        dir: take(&mut raw.flow_dir),
+        pid: take(&mut raw.flow_pid),
+        tid: take(&mut raw.flow_tid),
+        ts: take(&mut raw.flow_ts),
+        span: take(&mut raw.flow_span),
+    };
+    // The flows table needs nothing from the spans: build it on a second core meanwhile.
+    std::thread::scope(|scope| {
+        let handle = scope.spawn(move || flows_frame(flows));
+        let mut built = build_spans(raw, run, warnings)?;
+        built.flows = handle
+            .join()
+            .map_err(|_| PolarsError::ComputeError("building the flows table failed".into()))??;
+        Ok(built)
+    })
+}
+
+fn build_spans(mut raw: Raw, run: &str, warnings: &mut Vec<Warning>) -> PolarsResult<Built> {
     let n = raw.span_ts.len();
+    raw.finish();
+    let mut arg_cols: Vec<(ArgKey, Vec<f64>, Vec<bool>)> = ArgKey::ALL
+        .iter()
+        .zip(std::mem::take(&mut raw.span_args))
+        .filter_map(|(&key, c)| c.map(|c| (key, c.values, c.valid)))
+        .collect();
     let strings: Vec<&str> = raw.strings.strings.iter().map(String::as_str).collect();
 
     // 1. Kind per span from its cat, `step` for ProfilerStep#N names.
@@ -212,31 +272,14 @@ pub(crate) fn build(raw: Raw, run: &str, warnings: &mut Vec<Warning>) -> PolarsR
         .collect();
 
     // 2. Order each track by (ts, longest first), as Perfetto nests.
-    let mut order: Vec<u32> = (0..n as u32).collect();
-    {
-        let (track, ts, dur) = (&raw.span_track, &raw.span_ts, &raw.span_dur);
-        order.sort_unstable_by(|&a, &b| {
-            let (a, b) = (a as usize, b as usize);
-            track[a]
-                .cmp(&track[b])
-                .then(ts[a].total_cmp(&ts[b]))
-                .then(dur[b].total_cmp(&dur[a]))
-        });
-    }
+    let order = track_order(
+        &raw.span_track,
+        &raw.span_ts,
+        &raw.span_dur,
+        raw.tracks.len(),
+    );
 
     // 3. Steps: same-pid containment in ProfilerStep#N; GPU spans take args.step.
-    let mut arg_cols: Vec<(ArgKey, Vec<f64>, Vec<bool>)> = Vec::new();
-    for key in ArgKey::ALL {
-        if raw.span_args.iter().any(|a| a.1 == key) {
-            arg_cols.push((key, vec![0.0; n], vec![false; n]));
-        }
-    }
-    for &(row, key, v) in &raw.span_args {
-        if let Some(c) = arg_cols.iter_mut().find(|c| c.0 == key) {
-            c.1[row as usize] = v;
-            c.2[row as usize] = true;
-        }
-    }
     let arg_step = arg_cols.iter().find(|c| c.0 == ArgKey::Step);
 
     // (pid, start, end, N), sorted; CPU-clock steps also form the global fallback list.
@@ -359,10 +402,11 @@ pub(crate) fn build(raw: Raw, run: &str, warnings: &mut Vec<Warning>) -> PolarsR
                 || envelope_ids.contains(&raw.span_name[p as usize])
         })
         .collect();
-    let self_us: Vec<f64> = (0..n)
-        .map(|i| (raw.span_dur[i] - child_sum[i]).max(0.0))
-        .collect();
-    drop(child_sum);
+    // Self time in place of the children's sum: one column less to allocate.
+    let mut self_us = child_sum;
+    for (s, &d) in self_us.iter_mut().zip(&raw.span_dur) {
+        *s = (d - *s).max(0.0);
+    }
 
     // 6. Track labels: the thread name, made unique with its pid when two tracks share it.
     let track_labels = track_labels(&raw);
@@ -470,27 +514,7 @@ pub(crate) fn build(raw: Raw, run: &str, warnings: &mut Vec<Warning>) -> PolarsR
         ],
     )?;
 
-    let flows = DataFrame::new(
-        raw.flow_ts.len(),
-        vec![
-            UInt64Chunked::from_vec("id".into(), raw.flow_id).into_column(),
-            StringChunked::from_iter_values(
-                "dir".into(),
-                raw.flow_dir
-                    .iter()
-                    .map(|&d| if d == 0 { "out" } else { "in" }),
-            )
-            .into_column(),
-            Int64Chunked::from_vec("pid".into(), raw.flow_pid).into_column(),
-            Int64Chunked::from_vec("tid".into(), raw.flow_tid).into_column(),
-            Float64Chunked::from_vec("ts".into(), raw.flow_ts).into_column(),
-            Int64Chunked::from_iter_options(
-                "span".into(),
-                raw.flow_span.iter().map(|s| s.map(|v| v as i64)),
-            )
-            .into_column(),
-        ],
-    )?;
+    let flows = DataFrame::empty();
 
     let threads = DataFrame::new(
         track_labels.len(),
@@ -518,6 +542,42 @@ pub(crate) fn build(raw: Raw, run: &str, warnings: &mut Vec<Warning>) -> PolarsR
         flows,
         threads,
     })
+}
+
+/// Span rows grouped by track (in track id order), each track by (ts, longest first).
+///
+/// A counting pass groups the rows; most tracks are already in time order in the file
+/// (writers emit spans as they end or start), so each group is only sorted when it is not.
+fn track_order(track: &[u32], ts: &[f64], dur: &[f64], tracks: usize) -> Vec<u32> {
+    let mut start = vec![0usize; tracks + 1];
+    for &t in track {
+        start[t as usize + 1] += 1;
+    }
+    for i in 0..tracks {
+        start[i + 1] += start[i];
+    }
+    let mut order = vec![0u32; track.len()];
+    let mut next = start.clone();
+    for (row, &t) in track.iter().enumerate() {
+        let slot = &mut next[t as usize];
+        order[*slot] = row as u32;
+        *slot += 1;
+    }
+    let before = |a: u32, b: u32| {
+        let (a, b) = (a as usize, b as usize);
+        ts[a].total_cmp(&ts[b]).then(dur[b].total_cmp(&dur[a]))
+    };
+    for w in start.windows(2) {
+        let group = &mut order[w[0]..w[1]];
+        if group
+            .windows(2)
+            .any(|p| before(p[0], p[1]) == std::cmp::Ordering::Greater)
+        {
+            // Stable and fast on runs that are already in order.
+            group.sort_by(|&a, &b| before(a, b));
+        }
+    }
+    order
 }
 
 /// (pid, tid, unique label, process name) per track id.

@@ -131,6 +131,24 @@ impl<'a> Cursor<'a> {
         let start = self.i;
         let mut escaped = false;
         let mut j = self.i;
+        // Most strings of a trace are short: look at them byte by byte before paying for
+        // a vectorised search.
+        let s = self.s;
+        let short = s.len().min(start + 24);
+        while j < short {
+            match s[j] {
+                b'"' => {
+                    self.i = j + 1;
+                    return Ok(Str {
+                        start,
+                        end: j,
+                        escaped: false,
+                    });
+                }
+                b'\\' => break,
+                _ => j += 1,
+            }
+        }
         loop {
             match memchr2(b'"', b'\\', &self.s[j..]) {
                 None => return Err(ScanError::Incomplete),
@@ -171,15 +189,15 @@ impl<'a> Cursor<'a> {
         let mut digits = 0u32;
         let int_start = i;
         while let Some(&b) = s.get(i) {
-            if b.is_ascii_digit() {
-                if digits < 19 {
-                    mant = mant * 10 + (b - b'0') as u64;
-                }
-                digits += 1;
-                i += 1;
-            } else {
+            let d = b.wrapping_sub(b'0');
+            if d >= 10 {
                 break;
             }
+            if digits < 19 {
+                mant = mant * 10 + d as u64;
+            }
+            digits += 1;
+            i += 1;
         }
         if i == int_start {
             return match s.get(i) {
@@ -200,18 +218,18 @@ impl<'a> Cursor<'a> {
             i += 1;
             let f0 = i;
             while let Some(&b) = s.get(i) {
-                if b.is_ascii_digit() {
-                    if digits < 19 {
-                        mant = mant * 10 + (b - b'0') as u64;
-                        frac += 1;
-                    } else {
-                        simple = false;
-                    }
-                    digits += 1;
-                    i += 1;
-                } else {
+                let d = b.wrapping_sub(b'0');
+                if d >= 10 {
                     break;
                 }
+                if digits < 19 {
+                    mant = mant * 10 + d as u64;
+                    frac += 1;
+                } else {
+                    simple = false;
+                }
+                digits += 1;
+                i += 1;
             }
             if i == f0 {
                 if i >= s.len() {

@@ -76,6 +76,12 @@ impl LoadError {
 pub struct LoadOptions {
     /// Show a progress bar on stderr (only drawn when stderr is a terminal).
     pub progress: bool,
+    /// Threads that scan parts of an uncompressed file at once; 0: one per core.
+    pub threads: usize,
+    /// The smallest part worth a thread of its own, in bytes; 0: 16 MiB. Tests set it low
+    /// to split small files.
+    #[doc(hidden)]
+    pub min_part_bytes: u64,
 }
 
 /// What was read, for `info` and the benchmark.
@@ -177,44 +183,78 @@ pub fn load(input: &Path, opts: &LoadOptions) -> Result<Trace, LoadError> {
         return Err(LoadError::Empty { path });
     }
     let bar = progress_bar(opts, file_bytes);
+    let gz = n == 2 && magic == [0x1f, 0x8b];
+    let starts = if gz {
+        Vec::new()
+    } else {
+        part_starts(&file, file_bytes, opts).map_err(io_err)?
+    };
     let counted = Counted {
         inner: io::Cursor::new(magic[..n].to_vec()).chain(file),
         bar: bar.clone(),
     };
-    let gz = n == 2 && magic == [0x1f, 0x8b];
-    let src: Box<dyn Read> = if gz {
+    let src: Box<dyn Read + Send> = if gz {
         Box::new(flate2::read::MultiGzDecoder::new(
             io::BufReader::with_capacity(1 << 20, counted),
         ))
     } else {
         Box::new(counted)
     };
-    let mut parser = Parser {
-        path: path.clone(),
-        gz,
-        src,
-        buf: vec![0; 1 << 20],
-        pos: 0,
-        end: 0,
-        base: 0,
-        eof: false,
-        raw: Raw::default(),
-        index: 0,
-        top: serde_json::Map::new(),
-        warnings: Vec::new(),
-    };
-    parser.parse_document()?;
+    let mut first = Parser::new(path.clone(), gz, src, 0);
+    first.stops = starts
+        .iter()
+        .enumerate()
+        .map(|(k, &at)| (at, k + 1))
+        .collect();
+    first.set_stop();
+    // parts[k] is the part that starts at starts[k - 1]; parts[0] stays empty.
+    let mut parts: Vec<Option<Result<Part, LoadError>>> = vec![None];
+    let first = std::thread::scope(|scope| {
+        let others: Vec<_> = (0..starts.len())
+            .map(|k| {
+                let (path, bar, starts) = (&path, &bar, &starts);
+                scope.spawn(move || parse_part(path, bar, starts, k))
+            })
+            .collect();
+        let first = first.parse_document().map(|()| first.into_part());
+        for h in others {
+            match h.join() {
+                Ok(part) => parts.push(Some(part)),
+                // A bug, not bad input: fail as loudly as on one thread.
+                Err(panic) => std::panic::resume_unwind(panic),
+            }
+        }
+        first
+    });
+    let mut acc = first?;
+    while let Some(next) = acc
+        .stopped
+        .and_then(|k| parts.get_mut(k).and_then(Option::take))
+    {
+        let mut next = next.map_err(|e| e.after_events(acc.index))?;
+        acc.raw.append(next.raw);
+        for w in &mut next.warnings {
+            if let Warning::Truncated { events_kept, .. } = w {
+                *events_kept += acc.index;
+            }
+        }
+        acc.warnings.append(&mut next.warnings);
+        acc.index += next.index;
+        acc.top.extend(next.top);
+        acc.json_bytes = next.json_bytes;
+        acc.stopped = next.stopped;
+    }
     if let Some(b) = &bar {
         b.finish_and_clear();
     }
-    let json_bytes = parser.base + parser.end as u64;
-    let Parser {
+    let Part {
         raw,
         index,
         top,
         mut warnings,
+        json_bytes,
         ..
-    } = parser;
+    } = acc;
     let run = run_label(input);
     let built = frames::build(raw, &run, &mut warnings).map_err(|source| LoadError::Frame {
         path: path.clone(),
@@ -240,6 +280,143 @@ pub fn load(input: &Path, opts: &LoadOptions) -> Result<Trace, LoadError> {
         warnings,
         stats,
     })
+}
+
+/// What one part of the file scanned to.
+struct Part {
+    raw: Raw,
+    /// Events scanned.
+    index: u64,
+    top: serde_json::Map<String, serde_json::Value>,
+    warnings: Vec<Warning>,
+    /// Offset in the JSON just past what was read.
+    json_bytes: u64,
+    /// The part whose first event this one stopped at; `None` at the end of the input.
+    stopped: Option<usize>,
+}
+
+impl LoadError {
+    /// The error of a part whose first event is event `before` of the file.
+    fn after_events(mut self, before: u64) -> LoadError {
+        if let LoadError::BadEvent { index, .. } = &mut self {
+            *index += before;
+        }
+        self
+    }
+}
+
+/// Where the parts after the first one start: at `{` of an event, near equal fractions of
+/// the file. A start is a guess (a string or a nested value can hold `},{`): the part
+/// before it checks it by stopping there exactly, at the start of an event of
+/// `traceEvents`; otherwise that part scans on and the guessed part is dropped.
+fn part_starts(file: &File, len: u64, opts: &LoadOptions) -> io::Result<Vec<u64>> {
+    let min = if opts.min_part_bytes == 0 {
+        16 << 20
+    } else {
+        opts.min_part_bytes
+    };
+    let threads = if opts.threads == 0 {
+        std::thread::available_parallelism().map_or(1, |n| n.get())
+    } else {
+        opts.threads
+    };
+    let parts = (threads as u64).min(len / min.max(1)).max(1);
+    let mut starts: Vec<u64> = Vec::new();
+    let mut window = vec![0u8; (1 << 20).min(len as usize)];
+    for k in 1..parts {
+        let from = (len / parts * k).max(starts.last().map_or(0, |&s| s + 1));
+        let got = read_at(file, &mut window, from)?;
+        if let Some(at) = event_boundary(&window[..got]) {
+            starts.push(from + at as u64);
+        }
+    }
+    Ok(starts)
+}
+
+/// The first `{` in `s` that follows `}` and `,` (blanks allowed between them).
+fn event_boundary(s: &[u8]) -> Option<usize> {
+    let blank = |b: u8| matches!(b, b' ' | b'\n' | b'\r' | b'\t');
+    for comma in memchr::memchr_iter(b',', s) {
+        let before = s[..comma].iter().rposition(|&b| !blank(b));
+        let after = s[comma + 1..].iter().position(|&b| !blank(b));
+        if let (Some(b), Some(a)) = (before, after) {
+            if s[b] == b'}' && s[comma + 1 + a] == b'{' {
+                return Some(comma + 1 + a);
+            }
+        }
+    }
+    None
+}
+
+#[cfg(unix)]
+fn read_at(file: &File, buf: &mut [u8], at: u64) -> io::Result<usize> {
+    use std::os::unix::fs::FileExt;
+    let mut n = 0;
+    while n < buf.len() {
+        match file.read_at(&mut buf[n..], at + n as u64) {
+            Ok(0) => break,
+            Ok(k) => n += k,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(n)
+}
+
+#[cfg(not(unix))]
+fn read_at(file: &File, buf: &mut [u8], at: u64) -> io::Result<usize> {
+    use std::io::{Seek, SeekFrom};
+    let mut f = file.try_clone()?;
+    f.seek(SeekFrom::Start(at))?;
+    read_full(&mut f, buf)
+}
+
+/// Scans the part that starts at `starts[k]` (part `k + 1`) up to the start of a later
+/// part, or to the end.
+fn parse_part(
+    path: &Path,
+    bar: &Option<indicatif::ProgressBar>,
+    starts: &[u64],
+    k: usize,
+) -> Result<Part, LoadError> {
+    use std::io::{Seek, SeekFrom};
+    let io_err = |source| LoadError::Io {
+        path: path.into(),
+        source,
+    };
+    let mut file = File::open(path).map_err(io_err)?;
+    let from = starts[k];
+    file.seek(SeekFrom::Start(from)).map_err(io_err)?;
+    let src = Box::new(Counted {
+        inner: file,
+        bar: bar.clone(),
+    });
+    let mut p = Parser::new(path.into(), false, src, from);
+    p.stops = starts
+        .iter()
+        .enumerate()
+        .skip(k + 1)
+        .map(|(j, &at)| (at, j + 1))
+        .collect();
+    p.set_stop();
+    // What kind of document this is was settled by the first part; a part only needs to
+    // know whether the array sits in an object.
+    let bare = {
+        let mut head = [0u8; 64];
+        let got = File::open(path)
+            .and_then(|f| read_at(&f, &mut head, 0))
+            .map_err(io_err)?;
+        head[..got]
+            .iter()
+            .find(|b| !matches!(b, b' ' | b'\n' | b'\r' | b'\t' | 0xEF | 0xBB | 0xBF))
+            == Some(&b'[')
+    };
+    if let EventsEnd::Closed = p.events()? {
+        if !bare {
+            p.object(true)?;
+        }
+    }
+    Ok(p.into_part())
 }
 
 fn read_full(r: &mut impl Read, buf: &mut [u8]) -> io::Result<usize> {
@@ -292,7 +469,7 @@ impl<R: Read> Read for Counted<R> {
 struct Parser {
     path: PathBuf,
     gz: bool,
-    src: Box<dyn Read>,
+    src: Box<dyn Read + Send>,
     buf: Vec<u8>,
     /// The unconsumed input is `buf[pos..end]`.
     pos: usize,
@@ -305,6 +482,24 @@ struct Parser {
     index: u64,
     top: serde_json::Map<String, serde_json::Value>,
     warnings: Vec<Warning>,
+    /// Offsets where later parts start, with their numbers, ascending: an event that
+    /// starts at one ends this part.
+    stops: Vec<(u64, usize)>,
+    /// The first entry of `stops` not yet passed, and its offset (`u64::MAX`: none).
+    next_stop: usize,
+    stop_at: u64,
+    /// The part this one stopped at.
+    stopped: Option<usize>,
+}
+
+/// How the `traceEvents` array ended.
+enum EventsEnd {
+    /// At its `]`.
+    Closed,
+    /// The input ended inside it (a truncated trace; the warning is recorded).
+    Cut,
+    /// At the first event of a later part.
+    Stopped,
 }
 
 /// What a step of the top-level scan found.
@@ -315,6 +510,42 @@ enum Step<T> {
 }
 
 impl Parser {
+    fn new(path: PathBuf, gz: bool, src: Box<dyn Read + Send>, base: u64) -> Parser {
+        Parser {
+            path,
+            gz,
+            src,
+            buf: vec![0; 1 << 20],
+            pos: 0,
+            end: 0,
+            base,
+            eof: false,
+            raw: Raw::default(),
+            index: 0,
+            top: serde_json::Map::new(),
+            warnings: Vec::new(),
+            stops: Vec::new(),
+            next_stop: 0,
+            stop_at: u64::MAX,
+            stopped: None,
+        }
+    }
+
+    fn set_stop(&mut self) {
+        self.stop_at = self.stops.get(self.next_stop).map_or(u64::MAX, |s| s.0);
+    }
+
+    fn into_part(self) -> Part {
+        Part {
+            json_bytes: self.base + self.end as u64,
+            raw: self.raw,
+            index: self.index,
+            top: self.top,
+            warnings: self.warnings,
+            stopped: self.stopped,
+        }
+    }
+
     fn offset(&self) -> u64 {
         self.base + self.pos as u64
     }
@@ -433,7 +664,7 @@ impl Parser {
             }
             Step::Got(b'{') => {
                 self.pos += 1;
-                self.object()
+                self.object(false)
             }
             Step::Got(b) => self.syntax(format!(
                 "a trace is a JSON object with a `traceEvents` array (or a bare array of events); found {}",
@@ -443,8 +674,8 @@ impl Parser {
     }
 
     /// The top-level object: `traceEvents` streams, other keys are kept as JSON values.
-    fn object(&mut self) -> Result<(), LoadError> {
-        let mut seen_events = false;
+    /// `seen_events` when it goes on after the `traceEvents` array.
+    fn object(&mut self, mut seen_events: bool) -> Result<(), LoadError> {
         loop {
             let b = match self.peek()? {
                 Step::Got(b) => b,
@@ -483,7 +714,7 @@ impl Parser {
                             Step::Eof => return self.end_of_input(true, "`traceEvents`"),
                         }
                         seen_events = true;
-                        if !self.events()? {
+                        if !matches!(self.events()?, EventsEnd::Closed) {
                             return Ok(());
                         }
                     } else {
@@ -528,27 +759,38 @@ impl Parser {
         Ok(())
     }
 
-    /// The `traceEvents` array, after its `[`. Returns `false` when the input ended inside
-    /// it (a truncated trace; the warning is recorded).
-    fn events(&mut self) -> Result<bool, LoadError> {
+    /// The `traceEvents` array, after its `[`.
+    fn events(&mut self) -> Result<EventsEnd, LoadError> {
         let mut ev = Event::default();
         loop {
             let b = match self.peek()? {
                 Step::Got(b) => b,
                 Step::Eof => {
                     self.truncated("the `traceEvents` array (between events)");
-                    return Ok(false);
+                    return Ok(EventsEnd::Cut);
                 }
             };
             match b {
                 b']' => {
                     self.pos += 1;
-                    return Ok(true);
+                    return Ok(EventsEnd::Closed);
                 }
                 // Trailing commas are tolerated, as Perfetto does.
                 b',' => self.pos += 1,
                 b'{' => {
                     let at = self.offset();
+                    if at >= self.stop_at {
+                        while self.stops.get(self.next_stop).is_some_and(|s| s.0 < at) {
+                            self.next_stop += 1;
+                        }
+                        if let Some(&(s, part)) = self.stops.get(self.next_stop) {
+                            if s == at {
+                                self.stopped = Some(part);
+                                return Ok(EventsEnd::Stopped);
+                            }
+                        }
+                        self.set_stop();
+                    }
                     loop {
                         let slice = &self.buf[self.pos..self.end];
                         let mut c = Cursor::new(slice);
@@ -569,7 +811,7 @@ impl Parser {
                             Err(ScanError::Incomplete) => {
                                 if !self.fill()? {
                                     self.truncated("an event (cut mid-event)");
-                                    return Ok(false);
+                                    return Ok(EventsEnd::Cut);
                                 }
                             }
                             Err(ScanError::Syntax { at: rel, what }) => {
@@ -599,4 +841,159 @@ impl Parser {
 /// Reads one span column as `f64` values; for pure functions that want slices.
 pub fn f64_column(df: &DataFrame, name: &str) -> PolarsResult<Vec<Option<f64>>> {
     Ok(df.column(name)?.f64()?.iter().collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::fmt::Write as _;
+
+    /// A trace whose strings and args hold what looks like event boundaries.
+    fn tricky_trace(events: usize) -> String {
+        let mut s = String::from(
+            "{\"metadata\":{\"producer\":\"dflash\",\"list\":[{\"a\":1},{\"b\":2}]},\n\"traceEvents\":[\n",
+        );
+        let names = [
+            "plain",
+            "brace },{ inside",
+            "spaced }, { too",
+            "line },\\n{ escaped",
+            "quote \\\"},{\\\" here",
+            "ProfilerStep#1",
+        ];
+        s.push_str("{\"ph\":\"M\",\"name\":\"process_name\",\"pid\":7,\"args\":{\"name\":\"proc },{\"}},\n");
+        s.push_str("{\"ph\":\"M\",\"name\":\"thread_name\",\"pid\":7,\"tid\":\"worker },{ a\",\"args\":{\"name\":\"thr\"}},\n");
+        for i in 0..events {
+            let name = names[i % names.len()];
+            let ts = i as f64 * 1.5;
+            let sep = match i % 4 {
+                0 => ",\n",
+                1 => ",",
+                2 => ", ",
+                _ => " ,\n  ",
+            };
+            match i % 7 {
+                0 => write!(
+                    s,
+                    "{{\"ph\":\"C\",\"name\":\"mem }},{{\",\"pid\":7,\"ts\":{ts},\"args\":{{\"bytes\":{i},\"k }},{{\":2}}}}"
+                ),
+                1 => write!(
+                    s,
+                    "{{\"ph\":\"s\",\"id\":\"flow-{i}\",\"pid\":7,\"tid\":\"worker }},{{ a\",\"ts\":{ts}}}"
+                ),
+                2 => write!(
+                    s,
+                    "{{\"ph\":\"X\",\"name\":\"{name}\",\"cat\":\"gpu\",\"pid\":0,\"tid\":1,\"ts\":{ts},\"dur\":1.0,\"args\":{{\"step\":{},\"shapes\":[{{\"x\":[1]}},{{\"y\":\"}},{{\"}}]}}}}",
+                    i / 10
+                ),
+                3 => write!(s, "{{\"ph\":\"i\",\"name\":\"{name}\",\"pid\":7,\"ts\":{ts}}}"),
+                _ => write!(
+                    s,
+                    "{{\"ph\":\"X\",\"name\":\"{name}\",\"cat\":\"cpu\",\"pid\":7,\"tid\":\"worker }},{{ a\",\"ts\":{ts},\"dur\":{},\"bind_id\":{i},\"flow_out\":true,\"args\":{{\"wait_us\":{i}}}}}",
+                    if i % 3 == 0 { 20.0 } else { 0.5 }
+                ),
+            }
+            .unwrap();
+            if i + 1 < events {
+                s.push_str(sep);
+            }
+        }
+        s.push_str("\n],\n\"tail\":{\"x\":[{\"a\":1},{\"b\":2}]}}\n");
+        s
+    }
+
+    fn load_with(path: &Path, threads: usize) -> Result<Trace, LoadError> {
+        load(
+            path,
+            &LoadOptions {
+                progress: false,
+                threads,
+                min_part_bytes: 1,
+            },
+        )
+    }
+
+    fn same(a: &Trace, b: &Trace) {
+        assert!(a.spans.equals_missing(&b.spans), "{}\n{}", a.spans, b.spans);
+        assert!(a.counters.equals_missing(&b.counters));
+        assert!(a.flows.equals_missing(&b.flows), "{}\n{}", a.flows, b.flows);
+        assert!(a.threads.equals_missing(&b.threads));
+        assert_eq!(a.top, b.top);
+        assert_eq!(a.stats.events, b.stats.events);
+        assert_eq!(a.stats.json_bytes, b.stats.json_bytes);
+        let w = |t: &Trace| t.warnings.iter().map(|w| w.to_string()).collect::<Vec<_>>();
+        assert_eq!(w(a), w(b));
+    }
+
+    #[test]
+    fn parts_load_like_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.json");
+        std::fs::write(&path, tricky_trace(400)).unwrap();
+        let one = load_with(&path, 1).unwrap();
+        assert!(one.spans.height() > 100);
+        for threads in 2..=13 {
+            let many = load_with(&path, threads).unwrap();
+            same(&one, &many);
+        }
+    }
+
+    #[test]
+    fn parts_of_a_bare_array() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.json");
+        let t = tricky_trace(200);
+        let from = t.find("\"traceEvents\":").unwrap() + "\"traceEvents\":".len();
+        let to = t.rfind(']').unwrap() + 1;
+        std::fs::write(&path, &t[from..to]).unwrap();
+        let one = load_with(&path, 1).unwrap();
+        for threads in 2..=9 {
+            same(&one, &load_with(&path, threads).unwrap());
+        }
+    }
+
+    #[test]
+    fn parts_of_a_truncated_trace() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.json");
+        let t = tricky_trace(300);
+        for cut in [t.len() / 2, t.len() * 3 / 4 + 7, t.len() - 40] {
+            std::fs::write(&path, &t[..cut]).unwrap();
+            let one = load_with(&path, 1).unwrap();
+            assert!(one
+                .warnings
+                .iter()
+                .any(|w| matches!(w, Warning::Truncated { .. })));
+            for threads in 2..=7 {
+                same(&one, &load_with(&path, threads).unwrap());
+            }
+        }
+    }
+
+    #[test]
+    fn parts_report_the_first_error_with_its_global_index() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.json");
+        let t = tricky_trace(300);
+        // Two bad events late in the file: the first one is reported.
+        let mut bad = t.clone();
+        let at = bad.rfind("\"dur\":1.0").unwrap();
+        bad.replace_range(at..at + 9, "\"dur\":-1.0");
+        let at = bad[..at].rfind("\"dur\":1.0").unwrap();
+        bad.replace_range(at..at + 9, "\"dur\":\"x\"");
+        std::fs::write(&path, &bad).unwrap();
+        let one = load_with(&path, 1).err().unwrap().to_string();
+        assert!(one.contains("event "), "{one}");
+        for threads in 2..=9 {
+            assert_eq!(load_with(&path, threads).err().unwrap().to_string(), one);
+        }
+    }
+
+    #[test]
+    fn boundaries_need_a_closing_brace_and_a_comma() {
+        assert_eq!(event_boundary(b"1},{\"a\""), Some(3));
+        assert_eq!(event_boundary(b" } ,\n {"), Some(6));
+        assert_eq!(event_boundary(b"1,{},2"), None);
+        assert_eq!(event_boundary(b"},"), None);
+    }
 }

@@ -71,6 +71,31 @@ impl Interner {
     pub fn get(&self, s: &str) -> Option<u32> {
         self.ids.get(s.as_bytes()).copied()
     }
+
+    /// The id of `raw`, storing `decoded` as its text when it is new; for merging.
+    fn intern_decoded(&mut self, raw: &[u8], decoded: &str) -> u32 {
+        if let Some(&id) = self.ids.get(raw) {
+            return id;
+        }
+        let id = self.strings.len() as u32;
+        self.strings.push(decoded.to_string());
+        self.ids.insert(raw.into(), id);
+        id
+    }
+
+    /// For each id of `other`, its id here (interning what is new).
+    fn absorb(&mut self, other: &Interner) -> Vec<u32> {
+        let mut by_id: Vec<&[u8]> = vec![&[]; other.strings.len()];
+        for (raw, &id) in &other.ids {
+            by_id[id as usize] = raw;
+        }
+        // In id order, so new strings get ids in the order the file showed them.
+        by_id
+            .iter()
+            .zip(&other.strings)
+            .map(|(raw, text)| self.intern_decoded(raw, text))
+            .collect()
+    }
 }
 
 /// The args the analyzer reads, by their key in the trace.
@@ -119,16 +144,21 @@ impl ArgKey {
     }
 
     fn from_key(k: &[u8]) -> Option<ArgKey> {
+        // Byte patterns rather than string literals: compared inline, without a call.
         Some(match k {
-            b"step" => ArgKey::Step,
-            b"wait_us" => ArgKey::WaitUs,
-            b"depth" => ArgKey::Depth,
-            b"tokens" => ArgKey::Tokens,
-            b"loss" => ArgKey::Loss,
-            b"batch" => ArgKey::Batch,
-            b"cpu_ts" => ArgKey::CpuTs,
+            [b's', b't', b'e', b'p'] => ArgKey::Step,
+            [b'w', b'a', b'i', b't', b'_', b'u', b's'] => ArgKey::WaitUs,
+            [b'd', b'e', b'p', b't', b'h'] => ArgKey::Depth,
+            [b't', b'o', b'k', b'e', b'n', b's'] => ArgKey::Tokens,
+            [b'l', b'o', b's', b's'] => ArgKey::Loss,
+            [b'b', b'a', b't', b'c', b'h'] => ArgKey::Batch,
+            [b'c', b'p', b'u', b'_', b't', b's'] => ArgKey::CpuTs,
             _ => return None,
         })
+    }
+
+    fn index(self) -> usize {
+        self as usize
     }
 }
 
@@ -144,12 +174,48 @@ const KNOWN_PHASES: &[u8] = b"BEXiIbneSTpFstfPCMNODRcVv()";
 /// A message about one event, before the loader adds path, index and offset.
 pub(crate) struct EventProblem(pub String);
 
+/// `flow_span` of a flow end that belongs to no span.
+pub(crate) const NO_SPAN: u32 = u32::MAX;
+
+/// One arg of the spans, dense: a value and a validity bit per span row. Rows after the
+/// last one that carried the arg are filled in by [`Raw::finish`].
+#[derive(Default)]
+pub(crate) struct ArgColumn {
+    pub values: Vec<f64>,
+    pub valid: Vec<bool>,
+}
+
+impl ArgColumn {
+    /// Sets row `row` (rows before it that were never set become null).
+    #[inline]
+    fn set(&mut self, row: usize, v: f64) {
+        if self.values.len() > row {
+            // The key twice in one event: the last one wins.
+            self.values[row] = v;
+            self.valid[row] = true;
+            return;
+        }
+        self.pad(row);
+        self.values.push(v);
+        self.valid.push(true);
+    }
+
+    fn pad(&mut self, n: usize) {
+        if self.values.len() < n {
+            self.values.resize(n, 0.0);
+            self.valid.resize(n, false);
+        }
+    }
+}
+
 #[derive(Default)]
 pub(crate) struct Raw {
     pub strings: Interner,
     /// (pid, tid) of each track; a span stores its track id.
     pub tracks: Vec<(i64, i64)>,
     track_ids: FxMap<(i64, i64), u32>,
+    /// The track of the previous span: consecutive spans often share one.
+    last_track: Option<((i64, i64), u32)>,
     /// String pids/tids get ids from 2^32 up, so they never meet numeric ones.
     string_ids: Interner,
 
@@ -158,8 +224,8 @@ pub(crate) struct Raw {
     pub span_cat: Vec<u32>,
     pub span_ts: Vec<f64>,
     pub span_dur: Vec<f64>,
-    /// (row, key, value), sparse.
-    pub span_args: Vec<(u32, ArgKey, f64)>,
+    /// By [`ArgKey`] index; `None` while no span has carried the arg.
+    pub span_args: [Option<ArgColumn>; 7],
 
     pub ctr_pid: Vec<i64>,
     pub ctr_name: Vec<u32>,
@@ -173,12 +239,23 @@ pub(crate) struct Raw {
     pub flow_pid: Vec<i64>,
     pub flow_tid: Vec<i64>,
     pub flow_ts: Vec<f64>,
-    pub flow_span: Vec<Option<u32>>,
+    /// The span row, or [`NO_SPAN`].
+    pub flow_span: Vec<u32>,
 
     pub process_names: FxMap<i64, String>,
     pub thread_names: FxMap<(i64, i64), String>,
     /// Events of phases the analyzer does not use, by phase.
     pub ignored: FxMap<u8, u64>,
+}
+
+/// Moves `from` onto the end of `to`, freeing `from`'s memory right away.
+fn append_vec<T: Copy>(to: &mut Vec<T>, from: &mut Vec<T>) {
+    if to.is_empty() && to.capacity() < from.len() {
+        std::mem::swap(to, from);
+    } else {
+        to.extend_from_slice(from);
+    }
+    *from = Vec::new();
 }
 
 /// A number as a message shows it: huge ones in exponent form.
@@ -223,6 +300,111 @@ impl Raw {
     pub fn string_id_label(&self, id: i64) -> Option<&str> {
         let k = id.checked_sub(MAX_ID as i64)?;
         self.string_ids.strings.get(k as usize).map(String::as_str)
+    }
+
+    /// Fills the arg columns up to the last span row.
+    pub fn finish(&mut self) {
+        let n = self.span_ts.len();
+        for c in self.span_args.iter_mut().flatten() {
+            c.pad(n);
+        }
+    }
+
+    /// Appends `other`, the events that follow this part's in the file: ids of strings,
+    /// string pids and tracks are mapped onto this part's, span rows shifted.
+    pub fn append(&mut self, mut other: Raw) {
+        self.finish();
+        other.finish();
+        let strings = self.strings.absorb(&other.strings);
+        let sids = self.string_ids.absorb(&other.string_ids);
+        let max_id = MAX_ID as i64;
+        let id = |v: i64| {
+            if v >= max_id {
+                max_id + sids[(v - max_id) as usize] as i64
+            } else {
+                v
+            }
+        };
+        let tracks: Vec<u32> = other
+            .tracks
+            .iter()
+            .map(|&(p, t)| self.track(id(p), id(t)))
+            .collect();
+        let rows = self.span_ts.len();
+        let other_rows = other.span_ts.len();
+        let name = |v: &u32| strings[*v as usize];
+
+        self.span_track
+            .extend(other.span_track.iter().map(|&t| tracks[t as usize]));
+        drop(std::mem::take(&mut other.span_track));
+        self.span_name.extend(other.span_name.iter().map(name));
+        drop(std::mem::take(&mut other.span_name));
+        self.span_cat.extend(other.span_cat.iter().map(name));
+        drop(std::mem::take(&mut other.span_cat));
+        append_vec(&mut self.span_ts, &mut other.span_ts);
+        append_vec(&mut self.span_dur, &mut other.span_dur);
+        for (mine, theirs) in self.span_args.iter_mut().zip(other.span_args.iter_mut()) {
+            match theirs.take() {
+                None => {
+                    if let Some(m) = mine {
+                        m.pad(rows + other_rows);
+                    }
+                }
+                Some(mut t) => match mine {
+                    Some(m) => {
+                        append_vec(&mut m.values, &mut t.values);
+                        append_vec(&mut m.valid, &mut t.valid);
+                    }
+                    None => {
+                        let mut m = ArgColumn::default();
+                        m.pad(rows);
+                        m.values.extend_from_slice(&t.values);
+                        m.valid.extend_from_slice(&t.valid);
+                        *mine = Some(m);
+                    }
+                },
+            }
+        }
+
+        self.ctr_pid.extend(other.ctr_pid.iter().map(|&p| id(p)));
+        self.ctr_name.extend(other.ctr_name.iter().map(name));
+        self.ctr_key.extend(other.ctr_key.iter().map(name));
+        append_vec(&mut self.ctr_ts, &mut other.ctr_ts);
+        append_vec(&mut self.ctr_value, &mut other.ctr_value);
+
+        let flow_base = 1u64 << 53;
+        self.flow_id.extend(other.flow_id.iter().map(|&f| {
+            if f >= flow_base {
+                flow_base + sids[(f - flow_base) as usize] as u64
+            } else {
+                f
+            }
+        }));
+        drop(std::mem::take(&mut other.flow_id));
+        append_vec(&mut self.flow_dir, &mut other.flow_dir);
+        self.flow_pid.extend(other.flow_pid.iter().map(|&p| id(p)));
+        drop(std::mem::take(&mut other.flow_pid));
+        self.flow_tid.extend(other.flow_tid.iter().map(|&p| id(p)));
+        drop(std::mem::take(&mut other.flow_tid));
+        append_vec(&mut self.flow_ts, &mut other.flow_ts);
+        self.flow_span.extend(other.flow_span.iter().map(|&r| {
+            if r == NO_SPAN {
+                NO_SPAN
+            } else {
+                r + rows as u32
+            }
+        }));
+        drop(std::mem::take(&mut other.flow_span));
+
+        for (pid, label) in other.process_names {
+            self.process_names.insert(id(pid), label);
+        }
+        for ((pid, tid), label) in other.thread_names {
+            self.thread_names.insert((id(pid), id(tid)), label);
+        }
+        for (ph, n) in other.ignored {
+            *self.ignored.entry(ph).or_default() += n;
+        }
     }
 
     fn track(&mut self, pid: i64, tid: i64) -> u32 {
@@ -303,7 +485,14 @@ impl Raw {
         let pid = self.id(s, ev.pid, "pid")?;
         let tid = self.id(s, ev.tid, "tid")?;
         let row = self.span_ts.len() as u32;
-        let track = self.track(pid, tid);
+        let track = match self.last_track {
+            Some((k, t)) if k == (pid, tid) => t,
+            _ => {
+                let t = self.track(pid, tid);
+                self.last_track = Some(((pid, tid), t));
+                t
+            }
+        };
         let name = self.text(s, name);
         let cat = match ev.cat {
             Some(c) => self.text(s, c),
@@ -314,7 +503,9 @@ impl Raw {
                 continue;
             };
             match v {
-                ArgVal::Num(x) => self.span_args.push((row, key, x)),
+                ArgVal::Num(x) => self.span_args[key.index()]
+                    .get_or_insert_with(ArgColumn::default)
+                    .set(row as usize, x),
                 ArgVal::Str(_) => {
                     return Err(EventProblem(format!(
                         "`args.{}` must be a number, found a string",
@@ -333,7 +524,7 @@ impl Raw {
                         self.flow_pid.push(pid);
                         self.flow_tid.push(tid);
                         self.flow_ts.push(ts);
-                        self.flow_span.push(Some(row));
+                        self.flow_span.push(row);
                     }
                 }
             }
@@ -381,7 +572,7 @@ impl Raw {
             return Ok(());
         };
         let which = &s[name.start..name.end];
-        if which != b"process_name" && which != b"thread_name" {
+        if which != b"process_name".as_slice() && which != b"thread_name".as_slice() {
             return Ok(());
         }
         let label = ev.args.iter().find_map(|&(k, v)| match v {
@@ -428,7 +619,7 @@ impl Raw {
         self.flow_pid.push(pid);
         self.flow_tid.push(tid);
         self.flow_ts.push(ts);
-        self.flow_span.push(None);
+        self.flow_span.push(NO_SPAN);
         Ok(())
     }
 }
