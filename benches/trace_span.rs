@@ -9,11 +9,13 @@
 //! Run: `cargo bench --bench trace_span`; `TRACE_BENCH_MIN=1` also prints best-of-200
 //! figures, which filter out time slices lost to other processes.
 //!
-//! Measured on the 2-vCPU dev VM (TSC clock) while other builds ran (load 6-8), best-of /
-//! criterion mean: disabled 0.8-1.7 / 2.1 ns; enabled 40-53 / 59 ns; with two args 106 /
-//! 151 ns; counter 43 / 60 ns; GPU span on the mock 300 / 506 ns. Reference points in the
-//! same runs: two raw TSC reads + a Vec push 21-24 / 29 ns; two `Instant::now()` 46-52 /
-//! 68 ns. So an enabled span costs about two `Instant::now()`, half of it the two `rdtsc`.
+//! Measured on the 2-vCPU dev VM (TSC clock, quiet), best-of-200 / criterion mean:
+//! empty loop 0.35 / 0.42 ns; disabled 0.36 / 0.50 ns (1.0 / 1.46 ns when the guard's
+//! address escapes); enabled 27.5 / 37.1 ns; with two args 72 / 93 ns; counter 30 / 41 ns;
+//! GPU span on the mock 188 / 256 ns. Reference points in the same run: two raw TSC reads
+//! + a Vec push 20.7 / 24.2 ns; two `Instant::now()` 46 / 63 ns. On the H200 host's CPU
+//! (docs/gpu-results/trace_span_bench.txt) reading the TSC is slower: the floor is 40-48
+//! ns and an enabled span costs the same as it.
 use std::hint::black_box;
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -5,15 +5,17 @@
 //!
 //! Design (after puffin): the on/off switch is one relaxed `AtomicBool` ([`enabled`]);
 //! names are interned once ([`trace_name!`](crate::trace_name), [`intern`]); a span is a
-//! `!Send` RAII guard ([`Span`]) whose drop copies a fixed-size record (name id, raw TSC
-//! ticks, inline args) into its thread's lock-free ring. A background writer thread
-//! drains the rings, converts ticks to ns, resolves GPU events without blocking, and
-//! streams JSON to the file, flushing every `flush_interval`.
+//! `!Send` RAII guard ([`Span`]) holding the event's fields, whose drop copies a fixed-size
+//! record (name id, raw TSC ticks) into its thread's lock-free ring. A background writer
+//! thread drains the rings, converts ticks to ns, keeps each track nested, resolves GPU
+//! events without blocking, and streams JSON to the file, flushing every `flush_interval`.
 //!
-//! Cost (`cargo bench --bench trace_span`, 2-vCPU dev VM shared with other builds): a
-//! disabled span ~1 ns; an enabled span (begin + end) ~40 ns best-of-rounds, of which
-//! ~20 ns are the two `rdtsc` reads (the bench prints that floor beside it); a GPU-timed
-//! span ~0.3 us plus the backend's two event records.
+//! Cost (`cargo bench --bench trace_span`, 2-vCPU dev VM, best of 200 rounds / criterion
+//! mean): a disabled span 0.36 / 0.50 ns (the harness's empty loop: 0.35 / 0.42 ns); an
+//! enabled span (begin + end) 27.5 / 37 ns, of which the two `rdtsc` reads and a Vec push
+//! alone take 20.7 / 24 ns (the bench prints that floor beside it). A GPU-timed span adds
+//! one or two CUDA event records (about 1-1.4 us each on the H200 host; boundaries of
+//! back-to-back spans share one event), see docs/gpu-results.md.
 //!
 //! ```no_run
 //! use dflash::trace::{self, Recorder, RecorderConfig};
