@@ -13,9 +13,9 @@
 //! empty loop 0.35 / 0.42 ns; disabled 0.36 / 0.50 ns (1.0 / 1.46 ns when the guard's
 //! address escapes); enabled 27.5 / 37.1 ns; with two args 72 / 93 ns; counter 30 / 41 ns;
 //! GPU span on the mock 188 / 256 ns. Reference points in the same run: two raw TSC reads
-//! + a Vec push 20.7 / 24.2 ns; two `Instant::now()` 46 / 63 ns. On the H200 host's CPU
-//! (docs/gpu-results/trace_span_bench.txt) reading the TSC is slower: the floor is 40-48
-//! ns and an enabled span costs the same as it.
+//! and a Vec push 20.7 / 24.2 ns; two `Instant::now()` 46 / 63 ns. On the H200 host's
+//! CPU (docs/gpu-results/trace_span_bench.txt) reading the TSC is slower: that floor is
+//! 40-48 ns there, and an enabled span costs the same as it.
 use std::hint::black_box;
 use std::sync::Arc;
 use std::time::{Duration, Instant};

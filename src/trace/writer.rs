@@ -35,7 +35,7 @@ const CHUNK: usize = 1 << 16;
 
 pub(crate) enum Out {
     Plain(BufWriter<File>),
-    Gzip(GzEncoder<BufWriter<File>>),
+    Gzip(Box<GzEncoder<BufWriter<File>>>),
     Closed,
 }
 
@@ -43,7 +43,7 @@ impl Out {
     pub(crate) fn create(path: &Path, gzip: bool) -> io::Result<Out> {
         let f = BufWriter::with_capacity(1 << 20, File::create(path)?);
         Ok(if gzip {
-            Out::Gzip(GzEncoder::new(f, flate2::Compression::fast()))
+            Out::Gzip(Box::new(GzEncoder::new(f, flate2::Compression::fast())))
         } else {
             Out::Plain(f)
         })
