@@ -1,7 +1,8 @@
 //! GPU timing without synchronizing the training threads. The recorder sees a GPU only
 //! through [`GpuBackend`] (the CUDA implementation lives in `crate::cuda`; tests use
 //! [`MockGpu`](super::MockGpu)): a GPU-timed span records one backend event on the
-//! calling thread's current stream at begin and one at end, and the writer thread later
+//! calling thread's current stream at begin and one at end (or reuses the previous one,
+//! see [`LastRecord`]), and the writer thread later
 //! asks, without blocking, whether they have completed and how far apart they are.
 //!
 //! Placing GPU spans on the CPU clock: a *calibration* records an event on a stream
@@ -45,8 +46,9 @@ pub struct GpuError {
 }
 
 /// A GPU as the recorder needs it. Implementations must be cheap on the span path
-/// ([`record`](Self::record) runs twice per GPU-timed span, budget ~1 us each) and must
-/// never block there; everything else runs on the writer thread.
+/// ([`record`](Self::record) runs up to twice per GPU-timed span, and
+/// [`current_stream`](Self::current_stream) when a boundary may reuse the previous event)
+/// and must never block there; everything else runs on the writer thread.
 pub trait GpuBackend: Send + Sync {
     /// Written as `metadata.gpu_timing`.
     fn timing_name(&self) -> &'static str {

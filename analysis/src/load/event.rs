@@ -129,19 +129,28 @@ pub(crate) fn scan_event(c: &mut Cursor<'_>, ev: &mut Event) -> Scan<()> {
             [b'a', b'r', b'g', b's'] => scan_args(c, ev)?,
             _ => c.skip_value()?,
         }
-        match c.peek()? {
-            b',' => c.i += 1,
-            b'}' => {
-                c.i += 1;
-                return Ok(());
-            }
-            b => {
-                return c.syntax(format!(
-                    "expected `,` or `}}` in the event object, found {}",
-                    super::json::describe_byte(b)
-                ))
-            }
+        if object_closed(c, "the event object")? {
+            return Ok(());
         }
+    }
+}
+
+/// After a member of an object: eats the `,` (false: another member follows) or the
+/// closing `}` (true).
+fn object_closed(c: &mut Cursor<'_>, inside: &str) -> Scan<bool> {
+    match c.peek()? {
+        b',' => {
+            c.i += 1;
+            Ok(false)
+        }
+        b'}' => {
+            c.i += 1;
+            Ok(true)
+        }
+        b => c.syntax(format!(
+            "expected `,` or `}}` in {inside}, found {}",
+            super::json::describe_byte(b)
+        )),
     }
 }
 
@@ -176,18 +185,8 @@ fn scan_args(c: &mut Cursor<'_>, ev: &mut Event) -> Scan<()> {
             }
             _ => c.skip_value()?,
         }
-        match c.peek()? {
-            b',' => c.i += 1,
-            b'}' => {
-                c.i += 1;
-                return Ok(());
-            }
-            b => {
-                return c.syntax(format!(
-                    "expected `,` or `}}` in `args`, found {}",
-                    super::json::describe_byte(b)
-                ))
-            }
+        if object_closed(c, "`args`")? {
+            return Ok(());
         }
     }
 }

@@ -472,15 +472,7 @@ fn build_spans(mut raw: Raw, run: &str, warnings: &mut Vec<Warning>) -> PolarsRe
     ];
     // Args: every column exists (all null when the trace has none), so queries need not
     // check the schema.
-    for key in [
-        ArgKey::WaitUs,
-        ArgKey::Depth,
-        ArgKey::Tokens,
-        ArgKey::Loss,
-        ArgKey::Batch,
-        ArgKey::CpuTs,
-        ArgKey::Step,
-    ] {
+    for key in ArgKey::ALL {
         match arg_cols.iter().position(|c| c.0 == key) {
             Some(k) => {
                 let (_, v, ok) = arg_cols.swap_remove(k);

@@ -101,24 +101,26 @@ impl Interner {
 /// The args the analyzer reads, by their key in the trace.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(crate) enum ArgKey {
-    Step,
     WaitUs,
     Depth,
     Tokens,
     Loss,
     Batch,
     CpuTs,
+    Step,
 }
 
 impl ArgKey {
+    /// In declaration order (so `ALL[k].index() == k`), which is also the order of the
+    /// arg columns in the span table.
     pub const ALL: [ArgKey; 7] = [
-        ArgKey::Step,
         ArgKey::WaitUs,
         ArgKey::Depth,
         ArgKey::Tokens,
         ArgKey::Loss,
         ArgKey::Batch,
         ArgKey::CpuTs,
+        ArgKey::Step,
     ];
 
     /// The key in `args`.
