@@ -160,7 +160,7 @@ fn run() -> anyhow::Result<Outcome> {
                 emit(&json(s)?)?;
             } else {
                 emit(&format!(
-                    "{}: {} bytes ({} of JSON), {} events -> {} spans, {} counter values, {} flow ends in {:.3} s ({:.0} MB/s)\n",
+                    "{}: {} bytes ({} of JSON), {} events -> {} spans, {} counter values, {} flow ends in {:.3} s ({:.0} MB/s; scan {:.3} s, tables {:.3} s)\n",
                     trace.path.display(),
                     s.file_bytes,
                     s.json_bytes,
@@ -169,7 +169,9 @@ fn run() -> anyhow::Result<Outcome> {
                     s.counters,
                     s.flows,
                     s.seconds,
-                    s.file_bytes as f64 / 1e6 / s.seconds.max(1e-9)
+                    s.file_bytes as f64 / 1e6 / s.seconds.max(1e-9),
+                    s.scan_seconds,
+                    s.seconds - s.scan_seconds,
                 ))?;
             }
         }

@@ -175,7 +175,7 @@ pub fn per_step(spans: &DataFrame) -> PolarsResult<LazyFrame> {
         )
         .group_by([col("step")])
         .agg([
-            col("tokens").sum().alias("tokens"),
+            col("tokens").cast(DataType::Float64).sum().alias("tokens"),
             col("loss").mean().alias("loss"),
         ]);
     let mut out = steps

@@ -65,6 +65,7 @@ fn type_error<T>(c: &Cursor<'_>, field: &str, want: &str, found: Option<JsonType
     ))
 }
 
+#[inline(always)]
 fn want_string(c: &mut Cursor<'_>, field: &str) -> Scan<Str> {
     match c.next_type()? {
         Some(JsonType::String) => c.string(),
@@ -72,6 +73,7 @@ fn want_string(c: &mut Cursor<'_>, field: &str) -> Scan<Str> {
     }
 }
 
+#[inline(always)]
 fn want_number(c: &mut Cursor<'_>, field: &str) -> Scan<f64> {
     match c.next_type()? {
         Some(JsonType::Number) => c.number(),
@@ -80,6 +82,7 @@ fn want_number(c: &mut Cursor<'_>, field: &str) -> Scan<f64> {
     }
 }
 
+#[inline(always)]
 fn want_id(c: &mut Cursor<'_>, field: &str) -> Scan<IdVal> {
     match c.next_type()? {
         Some(JsonType::Number) => Ok(IdVal::Num(c.number()?)),
@@ -88,6 +91,7 @@ fn want_id(c: &mut Cursor<'_>, field: &str) -> Scan<IdVal> {
     }
 }
 
+#[inline(always)]
 fn want_bool(c: &mut Cursor<'_>, field: &str) -> Scan<bool> {
     match c.next_type()? {
         Some(JsonType::Bool) => c.boolean(),
@@ -137,6 +141,7 @@ pub(crate) fn scan_event(c: &mut Cursor<'_>, ev: &mut Event) -> Scan<()> {
 
 /// After a member of an object: eats the `,` (false: another member follows) or the
 /// closing `}` (true).
+#[inline(always)]
 fn object_closed(c: &mut Cursor<'_>, inside: &str) -> Scan<bool> {
     match c.peek()? {
         b',' => {

@@ -7,7 +7,7 @@
 
 use polars::prelude::*;
 
-use super::raw::{ArgKey, Raw, NO_SPAN};
+use super::raw::{ArgColumn, ArgKey, Raw, NO_SPAN, NO_STEP};
 use crate::warning::Warning;
 
 /// What a span is.
@@ -132,11 +132,6 @@ pub const SPAN_COLUMNS: &[(&str, &str)] = &[
     ("tokens", "args.tokens (drafter.step)"),
     ("loss", "args.loss (drafter.step)"),
     ("batch", "args.batch"),
-    (
-        "cpu_ts",
-        "args.cpu_ts (GPU spans: ts of the launching CPU span)",
-    ),
-    ("arg_step", "args.step as written"),
 ];
 
 pub(crate) struct Built {
@@ -166,26 +161,63 @@ fn enum_dtype(labels: &[&str]) -> PolarsResult<DataType> {
     )?))
 }
 
-/// An Enum column from codes into `labels`; a plain string column when two labels decode
-/// to the same text (an Enum needs unique categories).
-fn enum_column(name: &str, codes: Vec<u32>, labels: &[&str]) -> PolarsResult<Column> {
+/// An Enum column from codes (an unsigned integer series) into `labels`; a plain string
+/// column when two labels decode to the same text (an Enum needs unique categories).
+fn enum_column(name: &str, codes: Series, labels: &[&str]) -> PolarsResult<Column> {
+    let codes = codes.with_name(name.into());
     let Ok(dtype) = enum_dtype(labels) else {
+        let codes = codes.cast(&DataType::UInt32)?;
         return Ok(StringChunked::from_iter_values(
             name.into(),
-            codes.iter().map(|&c| labels[c as usize]),
+            codes.u32()?.into_no_null_iter().map(|c| labels[c as usize]),
         )
         .into_column());
     };
     let phys = DataType::from(dtype.cat_physical()?);
-    let codes = UInt32Chunked::from_vec(name.into(), codes)
-        .into_series()
-        .cast(&phys)?;
+    let codes = codes.cast(&phys)?;
     Ok(Series::from_cats_and_dtype(&codes, &dtype, true)?.into_column())
 }
 
-fn opt_f64(name: &str, values: Vec<f64>, valid: Vec<bool>) -> Column {
-    let validity = polars_arrow::bitmap::Bitmap::from_iter(valid);
-    Float64Chunked::from_vec_validity(name.into(), values, Some(validity)).into_column()
+fn u32_codes(codes: Vec<u32>) -> Series {
+    UInt32Chunked::from_vec(PlSmallStr::EMPTY, codes).into_series()
+}
+
+fn u8_codes(codes: Vec<u8>) -> Series {
+    UInt8Chunked::from_vec(PlSmallStr::EMPTY, codes).into_series()
+}
+
+/// A nullable column from one arg's sparse rows: dense values, null where absent. Counts
+/// are `Float32` (exact below 2^24), times and the loss `Float64`.
+fn arg_column(key: ArgKey, arg: ArgColumn, n: usize) -> Column {
+    fn dense<T: polars::prelude::PolarsNumericType>(
+        name: &str,
+        arg: &ArgColumn,
+        n: usize,
+        conv: impl Fn(f64) -> T::Native,
+    ) -> Column {
+        let mut values = vec![T::Native::default(); n];
+        let mut valid = polars_arrow::bitmap::MutableBitmap::from_len_zeroed(n);
+        for (&r, &v) in arg.rows.iter().zip(&arg.values) {
+            values[r as usize] = conv(v);
+            valid.set(r as usize, true);
+        }
+        ChunkedArray::<T>::from_vec_validity(name.into(), values, Some(valid.into())).into_column()
+    }
+    let name = key.column();
+    let float32 = key.is_count();
+    if arg.rows.is_empty() {
+        let dtype = if float32 {
+            DataType::Float32
+        } else {
+            DataType::Float64
+        };
+        return Column::full_null(name.into(), n, &dtype);
+    }
+    if float32 {
+        dense::<Float32Type>(name, &arg, n, |v| v as f32)
+    } else {
+        dense::<Float64Type>(name, &arg, n, |v| v)
+    }
 }
 
 /// The flow columns of a [`Raw`], taken out to be built on their own thread.
@@ -203,19 +235,15 @@ fn flows_frame(f: FlowCols) -> PolarsResult<DataFrame> {
         f.ts.len(),
         vec![
             UInt64Chunked::from_vec("id".into(), f.id).into_column(),
-            StringChunked::from_iter_values(
-                "dir".into(),
-                f.dir.iter().map(|&d| if d == 0 { "out" } else { "in" }),
-            )
-            .into_column(),
+            enum_column("dir", u8_codes(f.dir), &["out", "in"])?,
             Int64Chunked::from_vec("pid".into(), f.pid).into_column(),
             Int64Chunked::from_vec("tid".into(), f.tid).into_column(),
             Float64Chunked::from_vec("ts".into(), f.ts).into_column(),
             {
                 let validity =
                     polars_arrow::bitmap::Bitmap::from_iter(f.span.iter().map(|&s| s != NO_SPAN));
-                let rows: Vec<i64> = f.span.iter().map(|&s| s as i64).collect();
-                Int64Chunked::from_vec_validity("span".into(), rows, Some(validity)).into_column()
+                UInt32Chunked::from_vec_validity("span".into(), f.span, Some(validity))
+                    .into_column()
             },
         ],
     )
@@ -242,271 +270,137 @@ pub(crate) fn build(mut raw: Raw, run: &str, warnings: &mut Vec<Warning>) -> Pol
     })
 }
 
-fn build_spans(mut raw: Raw, run: &str, warnings: &mut Vec<Warning>) -> PolarsResult<Built> {
+fn build_spans(raw: Raw, run: &str, warnings: &mut Vec<Warning>) -> PolarsResult<Built> {
     let n = raw.span_ts.len();
-    raw.finish();
-    let mut arg_cols: Vec<(ArgKey, Vec<f64>, Vec<bool>)> = ArgKey::ALL
-        .iter()
-        .zip(std::mem::take(&mut raw.span_args))
-        .filter_map(|(&key, c)| c.map(|c| (key, c.values, c.valid)))
-        .collect();
-    let strings: Vec<&str> = raw.strings.strings.iter().map(String::as_str).collect();
+    // Track labels: the thread name, made unique with its pid when two tracks share it.
+    let track_labels = track_labels(&raw);
+    let label_refs: Vec<&str> = track_labels.iter().map(|t| t.2.as_str()).collect();
+    let Raw {
+        strings: interned,
+        tracks,
+        span_track,
+        span_name,
+        span_cat,
+        span_ts,
+        span_dur,
+        span_step,
+        span_args,
+        ctr_pid,
+        ctr_name,
+        ctr_key,
+        ctr_ts,
+        ctr_value,
+        ..
+    } = raw;
+    let strings: Vec<&str> = interned.strings.iter().map(String::as_str).collect();
 
     // 1. Kind per span from its cat, `step` for ProfilerStep#N names.
     let kind_of_cat: Vec<Kind> = strings.iter().map(|s| Kind::of_cat(s)).collect();
     let step_of_name: Vec<Option<i64>> = strings.iter().map(|s| step_number(s)).collect();
     // The clock comes from the category: a GPU-side ProfilerStep is a step on the GPU clock.
-    let clock: Vec<Clock> = raw
-        .span_cat
+    let clock: Vec<Clock> = span_cat
         .iter()
         .map(|&c| kind_of_cat[c as usize].clock())
         .collect();
     let kind: Vec<Kind> = (0..n)
         .map(|i| {
-            if step_of_name[raw.span_name[i] as usize].is_some() {
+            if step_of_name[span_name[i] as usize].is_some() {
                 Kind::Step
             } else {
-                kind_of_cat[raw.span_cat[i] as usize]
+                kind_of_cat[span_cat[i] as usize]
             }
         })
         .collect();
 
-    // 2. Order each track by (ts, longest first), as Perfetto nests.
-    let order = track_order(
-        &raw.span_track,
-        &raw.span_ts,
-        &raw.span_dur,
-        raw.tracks.len(),
-    );
+    // 2. Group the rows by track, each track in an order the nesting walk can take.
+    let mut order = track_order(&span_track, &span_ts, &span_dur, tracks.len());
 
-    // 3. Steps: same-pid containment in ProfilerStep#N; GPU spans take args.step.
-    let arg_step = arg_cols.iter().find(|c| c.0 == ArgKey::Step);
-
-    // (pid, start, end, N), sorted; CPU-clock steps also form the global fallback list.
-    let pid_of = |i: usize| raw.tracks[raw.span_track[i] as usize].0;
-    let mut steps: Vec<(i64, f64, f64, i64)> = (0..n)
-        .filter_map(|i| {
-            step_of_name[raw.span_name[i] as usize].map(|s| {
-                (
-                    pid_of(i),
-                    raw.span_ts[i],
-                    raw.span_ts[i] + raw.span_dur[i],
-                    s,
-                )
-            })
-        })
-        .collect();
-    steps.sort_by(|a, b| a.0.cmp(&b.0).then(a.1.total_cmp(&b.1)));
-    let mut global: Vec<(f64, f64, i64)> = (0..n)
-        .filter(|&i| kind[i] == Kind::Step && clock[i] == Clock::Cpu)
-        .map(|i| {
-            (
-                raw.span_ts[i],
-                raw.span_ts[i] + raw.span_dur[i],
-                step_of_name[raw.span_name[i] as usize].unwrap_or(-1),
+    // The columns that need nothing from the nesting walk are built on a second core
+    // meanwhile.
+    let (side, nested) = std::thread::scope(|scope| {
+        let side = scope.spawn(|| {
+            side_columns(
+                &span_track,
+                &tracks,
+                &kind,
+                &clock,
+                span_args,
+                CounterCols {
+                    pid: ctr_pid,
+                    name: ctr_name,
+                    key: ctr_key,
+                    ts: ctr_ts,
+                    value: ctr_value,
+                },
+                &strings,
             )
-        })
-        .collect();
-    global.sort_by(|a, b| a.0.total_cmp(&b.0));
-    let mut by_pid: Vec<(i64, Vec<StepSpan>)> = Vec::new();
-    for s in &steps {
-        match by_pid.last_mut() {
-            Some((p, v)) if *p == s.0 => v.push((s.1, s.2, s.3)),
-            _ => by_pid.push((s.0, vec![(s.1, s.2, s.3)])),
-        }
-    }
-    // 4. One walk over each track in time order: nesting by a stack (depth, parent,
-    //    children's time), and the step by a pointer into the sorted step intervals.
-    let mut depth = vec![0u32; n];
-    let mut parent = vec![NO_ROW; n];
-    let mut child_sum = vec![0f64; n];
-    let mut step: Vec<i64> = vec![0; n];
-    let mut step_valid: Vec<bool> = vec![false; n];
-    let mut overlaps = 0u64;
-    let mut stack: Vec<(u32, f64)> = Vec::new();
-    let mut cur_track = u32::MAX;
-    let mut list: &[(f64, f64, i64)] = &[];
-    let mut k = 0usize;
-    for &r in &order {
-        let i = r as usize;
-        if raw.span_track[i] != cur_track {
-            cur_track = raw.span_track[i];
-            stack.clear();
-            let pid = raw.tracks[cur_track as usize].0;
-            list = match by_pid.binary_search_by(|p| p.0.cmp(&pid)) {
-                Ok(j) => &by_pid[j].1,
-                Err(_) => &global,
-            };
-            k = 0;
-        }
-        let (ts, end) = (raw.span_ts[i], raw.span_ts[i] + raw.span_dur[i]);
-        while let Some(&(_, top_end)) = stack.last() {
-            if top_end <= ts + EPS_US {
-                stack.pop();
-            } else if end <= top_end + EPS_US {
-                break;
-            } else {
-                // Partial overlap: out of spec; treat as a sibling.
-                overlaps += 1;
-                stack.pop();
-            }
-        }
-        if let Some(&(p, _)) = stack.last() {
-            parent[i] = p;
-            depth[i] = stack.len() as u32;
-            child_sum[p as usize] += raw.span_dur[i];
-        }
-        stack.push((r, end));
-
-        // The last interval starting at or before ts (ts only grows along a track).
-        while k + 1 < list.len() && list[k + 1].0 <= ts + EPS_US {
-            k += 1;
-        }
-        let in_list = list
-            .get(k)
-            .filter(|s| s.0 <= ts + EPS_US && (ts < s.1 - EPS_US || ts <= s.0 + EPS_US))
-            .map(|s| s.2);
-        let found = if let Some(s) = step_of_name[raw.span_name[i] as usize] {
-            Some(s)
-        } else if let (Clock::Gpu, Some(c)) = (clock[i], arg_step) {
-            c.2[i].then_some(c.1[i] as i64).or(in_list)
-        } else {
-            in_list
-        };
-        if let Some(s) = found {
-            step[i] = s;
-            step_valid[i] = true;
-        }
-    }
+        });
+        let nested = nest_and_step(
+            &mut order,
+            &span_track,
+            &tracks,
+            &span_name,
+            &span_ts,
+            &span_dur,
+            span_step,
+            &kind,
+            &clock,
+            &step_of_name,
+            warnings,
+        );
+        let side = side
+            .join()
+            .map_err(|_| PolarsError::ComputeError("building the span tables failed".into()));
+        (side, nested)
+    });
+    let side = side??;
     drop(order);
-    if overlaps > 0 {
-        warnings.push(Warning::Overlaps { count: overlaps });
-    }
-    if steps.is_empty() && n > 0 {
-        warnings.push(Warning::NoSteps);
-    }
+    let Nested {
+        depth,
+        parent,
+        self_us,
+        step,
+    } = nested;
 
     // 5. Top level: parent is none, a step, or an envelope.
-    let envelope_ids: Vec<u32> = ENVELOPES
-        .iter()
-        .filter_map(|e| raw.strings.get(e))
-        .collect();
-    let top_level: Vec<bool> = (0..n)
-        .map(|i| {
-            if envelope_ids.contains(&raw.span_name[i]) || kind[i] == Kind::Step {
+    let envelope_ids: Vec<u32> = ENVELOPES.iter().filter_map(|e| interned.get(e)).collect();
+    let top_level = BooleanChunked::from_iter_values(
+        "top_level".into(),
+        (0..n).map(|i| {
+            if envelope_ids.contains(&span_name[i]) || kind[i] == Kind::Step {
                 return false;
             }
             let p = parent[i];
             p == NO_ROW
                 || kind[p as usize] == Kind::Step
-                || envelope_ids.contains(&raw.span_name[p as usize])
-        })
-        .collect();
-    // Self time in place of the children's sum: one column less to allocate.
-    let mut self_us = child_sum;
-    for (s, &d) in self_us.iter_mut().zip(&raw.span_dur) {
-        *s = (d - *s).max(0.0);
-    }
-
-    // 6. Track labels: the thread name, made unique with its pid when two tracks share it.
-    let track_labels = track_labels(&raw);
-    let label_refs: Vec<&str> = track_labels.iter().map(|t| t.2.as_str()).collect();
-
-    let kind_labels: Vec<&str> = Kind::ALL.iter().map(|k| k.as_str()).collect();
-    let kind_code = |k: Kind| Kind::ALL.iter().position(|x| *x == k).unwrap_or(0) as u32;
-    let clock_code: Vec<u32> = clock
-        .iter()
-        .map(|k| match k {
-            Clock::Cpu => 0,
-            Clock::Gpu => 1,
-        })
-        .collect();
-    let kind_codes: Vec<u32> = kind.iter().map(|&k| kind_code(k)).collect();
+                || envelope_ids.contains(&span_name[p as usize])
+        }),
+    );
     drop(kind);
+    drop(clock);
+    let parent_valid = polars_arrow::bitmap::Bitmap::from_iter(parent.iter().map(|&p| p != NO_ROW));
+    let step_valid = polars_arrow::bitmap::Bitmap::from_iter(step.iter().map(|&s| s != NO_STEP));
 
-    let pids: Vec<i64> = raw
-        .span_track
-        .iter()
-        .map(|&t| raw.tracks[t as usize].0)
-        .collect();
-    let tids: Vec<i64> = raw
-        .span_track
-        .iter()
-        .map(|&t| raw.tracks[t as usize].1)
-        .collect();
-    let (parent_vals, parent_valid): (Vec<i64>, Vec<bool>) = parent
-        .iter()
-        .map(|&p| {
-            if p == NO_ROW {
-                (0, false)
-            } else {
-                (p as i64, true)
-            }
-        })
-        .unzip();
-    drop(parent);
-
+    let [kind_col, clock_col] = side.codes;
     let mut cols: Vec<Column> = vec![
         Column::new_scalar("run".into(), Scalar::from(PlSmallStr::from(run)), n),
-        Int64Chunked::from_vec("pid".into(), pids).into_column(),
-        Int64Chunked::from_vec("tid".into(), tids).into_column(),
-        enum_column("track", raw.span_track, &label_refs)?,
-        enum_column("name", raw.span_name, &strings)?,
-        enum_column("cat", raw.span_cat, &strings)?,
-        enum_column("kind", kind_codes, &kind_labels)?,
-        enum_column("clock", clock_code, &["cpu", "gpu"])?,
-        Float64Chunked::from_vec("ts".into(), raw.span_ts).into_column(),
-        Float64Chunked::from_vec("dur".into(), raw.span_dur).into_column(),
+        side.pid,
+        side.tid,
+        enum_column("track", u32_codes(span_track), &label_refs)?,
+        enum_column("name", u32_codes(span_name), &strings)?,
+        enum_column("cat", u32_codes(span_cat), &strings)?,
+        kind_col,
+        clock_col,
+        Float64Chunked::from_vec("ts".into(), span_ts).into_column(),
+        Float64Chunked::from_vec("dur".into(), span_dur).into_column(),
         Float64Chunked::from_vec("self_us".into(), self_us).into_column(),
-        {
-            let validity = polars_arrow::bitmap::Bitmap::from_iter(step_valid);
-            Int64Chunked::from_vec_validity("step".into(), step, Some(validity)).into_column()
-        },
+        Int64Chunked::from_vec_validity("step".into(), step, Some(step_valid)).into_column(),
         UInt32Chunked::from_vec("depth".into(), depth).into_column(),
-        {
-            let validity = polars_arrow::bitmap::Bitmap::from_iter(parent_valid);
-            Int64Chunked::from_vec_validity("parent".into(), parent_vals, Some(validity))
-                .into_column()
-        },
-        BooleanChunked::from_slice("top_level".into(), &top_level).into_column(),
+        UInt32Chunked::from_vec_validity("parent".into(), parent, Some(parent_valid)).into_column(),
+        top_level.into_column(),
     ];
-    // Args: every column exists (all null when the trace has none), so queries need not
-    // check the schema.
-    for key in ArgKey::ALL {
-        match arg_cols.iter().position(|c| c.0 == key) {
-            Some(k) => {
-                let (_, v, ok) = arg_cols.swap_remove(k);
-                cols.push(opt_f64(key.column(), v, ok));
-            }
-            None => cols.push(Column::full_null(
-                key.column().into(),
-                n,
-                &DataType::Float64,
-            )),
-        }
-    }
+    cols.extend(side.args);
     let spans = DataFrame::new(n, cols)?;
-
-    let counters = DataFrame::new(
-        raw.ctr_ts.len(),
-        vec![
-            Int64Chunked::from_vec("pid".into(), raw.ctr_pid).into_column(),
-            StringChunked::from_iter_values(
-                "name".into(),
-                raw.ctr_name.iter().map(|&i| strings[i as usize]),
-            )
-            .into_column(),
-            StringChunked::from_iter_values(
-                "key".into(),
-                raw.ctr_key.iter().map(|&i| strings[i as usize]),
-            )
-            .into_column(),
-            Float64Chunked::from_vec("ts".into(), raw.ctr_ts).into_column(),
-            Float64Chunked::from_vec("value".into(), raw.ctr_value).into_column(),
-        ],
-    )?;
-
-    let flows = DataFrame::empty();
 
     let threads = DataFrame::new(
         track_labels.len(),
@@ -530,17 +424,294 @@ fn build_spans(mut raw: Raw, run: &str, warnings: &mut Vec<Warning>) -> PolarsRe
 
     Ok(Built {
         spans,
-        counters,
-        flows,
+        counters: side.counters,
+        flows: DataFrame::empty(),
         threads,
     })
 }
 
-/// Span rows grouped by track (in track id order), each track by (ts, longest first).
-///
-/// A counting pass groups the rows; most tracks are already in time order in the file
-/// (writers emit spans as they end or start), so each group is only sorted when it is not.
-fn track_order(track: &[u32], ts: &[f64], dur: &[f64], tracks: usize) -> Vec<u32> {
+/// The counter columns of a [`Raw`].
+struct CounterCols {
+    pid: Vec<i64>,
+    name: Vec<u32>,
+    key: Vec<u32>,
+    ts: Vec<f64>,
+    value: Vec<f64>,
+}
+
+/// Span columns that need nothing from the nesting walk, and the counters table.
+struct Side {
+    pid: Column,
+    tid: Column,
+    /// `kind`, `clock`.
+    codes: [Column; 2],
+    args: Vec<Column>,
+    counters: DataFrame,
+}
+
+fn side_columns(
+    span_track: &[u32],
+    tracks: &[(i64, i64)],
+    kind: &[Kind],
+    clock: &[Clock],
+    args: [ArgColumn; 5],
+    ctr: CounterCols,
+    strings: &[&str],
+) -> PolarsResult<Side> {
+    let n = span_track.len();
+    let pid = Int64Chunked::from_iter_values(
+        "pid".into(),
+        span_track.iter().map(|&t| tracks[t as usize].0),
+    )
+    .into_column();
+    let tid = Int64Chunked::from_iter_values(
+        "tid".into(),
+        span_track.iter().map(|&t| tracks[t as usize].1),
+    )
+    .into_column();
+    let kind_labels: Vec<&str> = Kind::ALL.iter().map(|k| k.as_str()).collect();
+    let kind_code = |k: Kind| Kind::ALL.iter().position(|x| *x == k).unwrap_or(0) as u8;
+    let kind_col = enum_column(
+        "kind",
+        u8_codes(kind.iter().map(|&k| kind_code(k)).collect()),
+        &kind_labels,
+    )?;
+    let clock_col = enum_column(
+        "clock",
+        u8_codes(clock.iter().map(|&c| (c == Clock::Gpu) as u8).collect()),
+        &["cpu", "gpu"],
+    )?;
+    // Args: every column exists (all null when the trace has none), so queries need not
+    // check the schema.
+    let args = ArgKey::ALL
+        .into_iter()
+        .zip(args)
+        .map(|(key, arg)| arg_column(key, arg, n))
+        .collect();
+    let counters = DataFrame::new(
+        ctr.ts.len(),
+        vec![
+            Int64Chunked::from_vec("pid".into(), ctr.pid).into_column(),
+            StringChunked::from_iter_values(
+                "name".into(),
+                ctr.name.iter().map(|&i| strings[i as usize]),
+            )
+            .into_column(),
+            StringChunked::from_iter_values(
+                "key".into(),
+                ctr.key.iter().map(|&i| strings[i as usize]),
+            )
+            .into_column(),
+            Float64Chunked::from_vec("ts".into(), ctr.ts).into_column(),
+            Float64Chunked::from_vec("value".into(), ctr.value).into_column(),
+        ],
+    )?;
+    Ok(Side {
+        pid,
+        tid,
+        codes: [kind_col, clock_col],
+        args,
+        counters,
+    })
+}
+
+/// What the nesting walk finds: depth, parent ([`NO_ROW`] for none), self time, and the
+/// step of every span ([`NO_STEP`] for none).
+struct Nested {
+    depth: Vec<u32>,
+    parent: Vec<u32>,
+    self_us: Vec<f64>,
+    step: Vec<i64>,
+}
+
+/// 3. Steps: same-pid containment in ProfilerStep#N; GPU spans take `args.step`.
+/// 4. Nesting by a stack walk over each track (depth, parent, children's time); then the
+///    step of each span, by a pointer into the track's sorted step intervals.
+#[allow(clippy::too_many_arguments)]
+fn nest_and_step(
+    order: &mut TrackOrder,
+    span_track: &[u32],
+    tracks: &[(i64, i64)],
+    span_name: &[u32],
+    span_ts: &[f64],
+    span_dur: &[f64],
+    // `args.step` as written; becomes the step column, in place.
+    mut step: Vec<i64>,
+    kind: &[Kind],
+    clock: &[Clock],
+    step_of_name: &[Option<i64>],
+    warnings: &mut Vec<Warning>,
+) -> Nested {
+    let n = span_ts.len();
+    // (pid, start, end, N), sorted; CPU-clock steps also form the global fallback list.
+    let pid_of = |i: usize| tracks[span_track[i] as usize].0;
+    let mut steps: Vec<(i64, f64, f64, i64)> = (0..n)
+        .filter_map(|i| {
+            step_of_name[span_name[i] as usize]
+                .map(|s| (pid_of(i), span_ts[i], span_ts[i] + span_dur[i], s))
+        })
+        .collect();
+    steps.sort_by(|a, b| a.0.cmp(&b.0).then(a.1.total_cmp(&b.1)));
+    let mut global: Vec<StepSpan> = (0..n)
+        .filter(|&i| kind[i] == Kind::Step && clock[i] == Clock::Cpu)
+        .map(|i| {
+            (
+                span_ts[i],
+                span_ts[i] + span_dur[i],
+                step_of_name[span_name[i] as usize].unwrap_or(-1),
+            )
+        })
+        .collect();
+    global.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let mut by_pid: Vec<(i64, Vec<StepSpan>)> = Vec::new();
+    for s in &steps {
+        match by_pid.last_mut() {
+            Some((p, v)) if *p == s.0 => v.push((s.1, s.2, s.3)),
+            _ => by_pid.push((s.0, vec![(s.1, s.2, s.3)])),
+        }
+    }
+
+    let mut nest = Nesting {
+        depth: vec![0u32; n],
+        parent: vec![NO_ROW; n],
+        child_sum: vec![0f64; n],
+        overlaps: 0,
+        stack: Vec::new(),
+    };
+    for g in 0..order.groups.len() {
+        let (from, to, mirrored) = order.groups[g];
+        let rows = &mut order.rows[from..to];
+        if !(mirrored && nest.walk(rows, true, span_ts, span_dur)) {
+            if mirrored {
+                // Out of spec for the mirrored walk: redo the track in start order.
+                nest.reset(rows);
+                sort_by_start(rows, span_ts, span_dur);
+            }
+            nest.walk(rows, false, span_ts, span_dur);
+        }
+    }
+    for &(from, to, _) in &order.groups {
+        let rows = &order.rows[from..to];
+        let Some(&first) = rows.first() else { continue };
+        let pid = pid_of(first as usize);
+        let list: &[StepSpan] = match by_pid.binary_search_by(|p| p.0.cmp(&pid)) {
+            Ok(j) => &by_pid[j].1,
+            Err(_) => &global,
+        };
+        let mut k = 0usize;
+        for &r in rows {
+            let i = r as usize;
+            let ts = span_ts[i];
+            // The last interval starting at or before ts; ts moves little from span to span.
+            while k > 0 && list[k].0 > ts + EPS_US {
+                k -= 1;
+            }
+            while k + 1 < list.len() && list[k + 1].0 <= ts + EPS_US {
+                k += 1;
+            }
+            let in_list = list
+                .get(k)
+                .filter(|s| s.0 <= ts + EPS_US && (ts < s.1 - EPS_US || ts <= s.0 + EPS_US))
+                .map(|s| s.2);
+            let found = if let Some(s) = step_of_name[span_name[i] as usize] {
+                Some(s)
+            } else if clock[i] == Clock::Gpu && step[i] != NO_STEP {
+                Some(step[i])
+            } else {
+                in_list
+            };
+            step[i] = found.unwrap_or(NO_STEP);
+        }
+    }
+    if nest.overlaps > 0 {
+        warnings.push(Warning::Overlaps {
+            count: nest.overlaps,
+        });
+    }
+    if steps.is_empty() && n > 0 {
+        warnings.push(Warning::NoSteps);
+    }
+    // Self time in place of the children's sum: one column less to allocate.
+    let mut self_us = nest.child_sum;
+    for (s, &d) in self_us.iter_mut().zip(span_dur) {
+        *s = (d - *s).max(0.0);
+    }
+    Nested {
+        depth: nest.depth,
+        parent: nest.parent,
+        self_us,
+        step,
+    }
+}
+
+/// Depth, parent and children's time of every span, filled one track at a time.
+struct Nesting {
+    depth: Vec<u32>,
+    parent: Vec<u32>,
+    child_sum: Vec<f64>,
+    /// Partial overlaps met (out of spec; such a span is taken as a sibling).
+    overlaps: u64,
+    stack: Vec<(u32, f64)>,
+}
+
+impl Nesting {
+    /// Walks one track's rows with a stack. In start order (ts, longest first) as Perfetto
+    /// nests; or `mirrored`: by end descending (longest first), the order of a file
+    /// written as spans end, read backwards, which is start order in mirrored time. A
+    /// mirrored walk gives up at the first partial overlap (`false`), leaving the track to
+    /// be reset and walked in start order, so that overlaps are judged one way only.
+    fn walk(&mut self, rows: &[u32], mirrored: bool, ts: &[f64], dur: &[f64]) -> bool {
+        self.stack.clear();
+        for &r in rows {
+            let i = r as usize;
+            let (a, b) = if mirrored {
+                (-(ts[i] + dur[i]), -ts[i])
+            } else {
+                (ts[i], ts[i] + dur[i])
+            };
+            while let Some(&(_, top_end)) = self.stack.last() {
+                if top_end <= a + EPS_US {
+                    self.stack.pop();
+                } else if b <= top_end + EPS_US {
+                    break;
+                } else if mirrored {
+                    return false;
+                } else {
+                    self.overlaps += 1;
+                    self.stack.pop();
+                }
+            }
+            if let Some(&(p, _)) = self.stack.last() {
+                self.parent[i] = p;
+                self.depth[i] = self.stack.len() as u32;
+                self.child_sum[p as usize] += dur[i];
+            }
+            self.stack.push((r, b));
+        }
+        true
+    }
+
+    fn reset(&mut self, rows: &[u32]) {
+        for &r in rows {
+            let i = r as usize;
+            self.parent[i] = NO_ROW;
+            self.depth[i] = 0;
+            self.child_sum[i] = 0.0;
+        }
+    }
+}
+
+/// Span rows grouped by track: `rows[from..to]` for each of `groups` (in track id order),
+/// with whether that group runs in mirrored order (see [`Nesting::walk`]).
+struct TrackOrder {
+    rows: Vec<u32>,
+    groups: Vec<(usize, usize, bool)>,
+}
+
+/// Groups the rows by track with a counting pass. Writers emit a track's spans as they
+/// start (Kineto) or as they end (dflash), so a group is usually in start order already,
+/// or in end order and then walked backwards; only a group in neither order is sorted.
+fn track_order(track: &[u32], ts: &[f64], dur: &[f64], tracks: usize) -> TrackOrder {
     let mut start = vec![0usize; tracks + 1];
     for &t in track {
         start[t as usize + 1] += 1;
@@ -548,28 +719,52 @@ fn track_order(track: &[u32], ts: &[f64], dur: &[f64], tracks: usize) -> Vec<u32
     for i in 0..tracks {
         start[i + 1] += start[i];
     }
-    let mut order = vec![0u32; track.len()];
+    let mut rows = vec![0u32; track.len()];
     let mut next = start.clone();
     for (row, &t) in track.iter().enumerate() {
         let slot = &mut next[t as usize];
-        order[*slot] = row as u32;
+        rows[*slot] = row as u32;
         *slot += 1;
     }
-    let before = |a: u32, b: u32| {
+    let by_start = |a: u32, b: u32| {
         let (a, b) = (a as usize, b as usize);
         ts[a].total_cmp(&ts[b]).then(dur[b].total_cmp(&dur[a]))
     };
+    // Ascending end, shortest first among equal ends: reversed, that is start order in
+    // mirrored time.
+    let by_end = |a: u32, b: u32| {
+        let (a, b) = (a as usize, b as usize);
+        (ts[a] + dur[a])
+            .total_cmp(&(ts[b] + dur[b]))
+            .then(dur[a].total_cmp(&dur[b]))
+    };
+    let sorted = |g: &[u32], cmp: &dyn Fn(u32, u32) -> std::cmp::Ordering| {
+        g.windows(2)
+            .all(|p| cmp(p[0], p[1]) != std::cmp::Ordering::Greater)
+    };
+    let mut groups = Vec::with_capacity(tracks);
     for w in start.windows(2) {
-        let group = &mut order[w[0]..w[1]];
-        if group
-            .windows(2)
-            .any(|p| before(p[0], p[1]) == std::cmp::Ordering::Greater)
-        {
-            // Stable and fast on runs that are already in order.
-            group.sort_by(|&a, &b| before(a, b));
-        }
+        let group = &mut rows[w[0]..w[1]];
+        let mirrored = if sorted(group, &by_start) {
+            false
+        } else if sorted(group, &by_end) {
+            group.reverse();
+            true
+        } else {
+            sort_by_start(group, ts, dur);
+            false
+        };
+        groups.push((w[0], w[1], mirrored));
     }
-    order
+    TrackOrder { rows, groups }
+}
+
+/// Sorts rows by (ts, longest first); stable, and fast on runs already in order.
+fn sort_by_start(rows: &mut [u32], ts: &[f64], dur: &[f64]) {
+    rows.sort_by(|&a, &b| {
+        let (a, b) = (a as usize, b as usize);
+        ts[a].total_cmp(&ts[b]).then(dur[b].total_cmp(&dur[a]))
+    });
 }
 
 /// (pid, tid, unique label, process name) per track id.

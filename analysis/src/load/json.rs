@@ -9,24 +9,64 @@
 
 use memchr::memchr2;
 
-/// Why a scan stopped.
+/// Why a scan stopped. One word, so that a `Scan` of a number or a [`Str`] comes back in
+/// registers: the scanner's results are on the hottest path of loading.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) enum ScanError {
     /// The slice ended inside a value; more input may complete it.
     Incomplete,
-    /// The input is not JSON (or not the JSON we accept) at byte `at` of the slice.
-    Syntax { at: usize, what: String },
+    /// The input is not JSON (or not the JSON we accept).
+    Syntax(Box<SyntaxError>),
+}
+
+/// Where and why the input is not JSON: at byte `at` of the slice.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct SyntaxError {
+    pub at: usize,
+    pub what: String,
+}
+
+impl ScanError {
+    pub fn syntax(at: usize, what: impl Into<String>) -> ScanError {
+        ScanError::Syntax(Box::new(SyntaxError {
+            at,
+            what: what.into(),
+        }))
+    }
 }
 
 pub(crate) type Scan<T> = Result<T, ScanError>;
 
-/// A string as a byte range of the scanned slice, without its quotes.
+/// A string as a byte range of the scanned slice, without its quotes, and whether its raw
+/// bytes hold a backslash escape. Packed in 8 bytes (the flag is the top bit of the end)
+/// so that a `Scan<Str>` comes back in registers.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub(crate) struct Str {
-    pub start: usize,
-    pub end: usize,
+    start: u32,
+    end: u32,
+}
+
+const ESCAPED: u32 = 1 << 31;
+
+impl Str {
+    #[inline]
+    pub fn new(start: usize, end: usize, escaped: bool) -> Str {
+        Str {
+            start: start as u32,
+            end: end as u32 | if escaped { ESCAPED } else { 0 },
+        }
+    }
+
+    #[inline]
+    pub fn range(self) -> std::ops::Range<usize> {
+        self.start as usize..(self.end & !ESCAPED) as usize
+    }
+
     /// The raw bytes hold at least one backslash escape.
-    pub escaped: bool,
+    #[inline]
+    pub fn escaped(self) -> bool {
+        self.end & ESCAPED != 0
+    }
 }
 
 /// What kind of JSON value starts at a position; used for "wrong type" messages.
@@ -81,10 +121,7 @@ impl<'a> Cursor<'a> {
     }
 
     pub fn syntax<T>(&self, what: impl Into<String>) -> Scan<T> {
-        Err(ScanError::Syntax {
-            at: self.i,
-            what: what.into(),
-        })
+        Err(ScanError::syntax(self.i, what))
     }
 
     #[inline]
@@ -121,34 +158,41 @@ impl<'a> Cursor<'a> {
     }
 
     pub fn bytes(&self, s: Str) -> &'a [u8] {
-        &self.s[s.start..s.end]
+        &self.s[s.range()]
     }
 
     /// A string; the cursor must be at its opening quote (after blanks).
-    #[inline]
+    #[inline(always)]
     pub fn string(&mut self) -> Scan<Str> {
-        self.eat(b'"')?;
+        // Callers have usually looked at the next byte already: no second blank skip.
+        if self.s.get(self.i) == Some(&b'"') {
+            self.i += 1;
+        } else {
+            self.eat(b'"')?;
+        }
         let start = self.i;
-        let mut escaped = false;
-        let mut j = self.i;
         // Most strings of a trace are short: look at them byte by byte before paying for
         // a vectorised search.
         let s = self.s;
         let short = s.len().min(start + 24);
+        let mut j = start;
         while j < short {
             match s[j] {
                 b'"' => {
                     self.i = j + 1;
-                    return Ok(Str {
-                        start,
-                        end: j,
-                        escaped: false,
-                    });
+                    return Ok(Str::new(start, j, false));
                 }
                 b'\\' => break,
                 _ => j += 1,
             }
         }
+        self.string_rest(start, j)
+    }
+
+    /// The rest of a string that starts at `start`, from `j` on: long or escaped ones.
+    #[inline(never)]
+    fn string_rest(&mut self, start: usize, mut j: usize) -> Scan<Str> {
+        let mut escaped = false;
         loop {
             match memchr2(b'"', b'\\', &self.s[j..]) {
                 None => return Err(ScanError::Incomplete),
@@ -156,11 +200,7 @@ impl<'a> Cursor<'a> {
                     let at = j + k;
                     if self.s[at] == b'"' {
                         self.i = at + 1;
-                        return Ok(Str {
-                            start,
-                            end: at,
-                            escaped,
-                        });
+                        return Ok(Str::new(start, at, escaped));
                     }
                     escaped = true;
                     // Skip the escaped byte; `\u` digits contain no quote or backslash.
@@ -175,7 +215,7 @@ impl<'a> Cursor<'a> {
 
     /// A number. NaN and Infinity are named in the error because Python's json module
     /// writes them.
-    #[inline]
+    #[inline(always)]
     pub fn number(&mut self) -> Scan<f64> {
         self.ws();
         let start = self.i;
@@ -265,17 +305,18 @@ impl<'a> Cursor<'a> {
         // Clinger's fast path: an exact integer mantissa below 2^53 divided by an exact
         // power of ten is correctly rounded by IEEE division.
         if simple && mant < (1u64 << 53) && (frac as usize) < POW10.len() {
-            let v = mant as f64 / POW10[frac as usize];
+            // Integers (ids, steps) need no division.
+            let v = if frac == 0 {
+                mant as f64
+            } else {
+                mant as f64 / POW10[frac as usize]
+            };
             return Ok(if neg { -v } else { v });
         }
-        let text = std::str::from_utf8(&s[start..i]).map_err(|_| ScanError::Syntax {
-            at: start,
-            what: "invalid number".into(),
-        })?;
-        text.parse::<f64>().map_err(|_| ScanError::Syntax {
-            at: start,
-            what: format!("invalid number `{text}`"),
-        })
+        let text = std::str::from_utf8(&s[start..i])
+            .map_err(|_| ScanError::syntax(start, "invalid number"))?;
+        text.parse::<f64>()
+            .map_err(|_| ScanError::syntax(start, format!("invalid number `{text}`")))
     }
 
     /// `true` or `false`.
@@ -459,7 +500,7 @@ mod tests {
     #[test]
     fn nan_is_named() {
         match num("NaN") {
-            Err(ScanError::Syntax { what, .. }) => assert!(what.contains("NaN")),
+            Err(ScanError::Syntax(e)) => assert!(e.what.contains("NaN")),
             other => panic!("{other:?}"),
         }
     }
@@ -469,7 +510,7 @@ mod tests {
         let text = br#""a\"b\u00e9\n" "#;
         let mut c = Cursor::new(text);
         let s = c.string().unwrap();
-        assert!(s.escaped);
+        assert!(s.escaped());
         assert_eq!(unescape(c.bytes(s)), "a\"b\u{e9}\n");
     }
 

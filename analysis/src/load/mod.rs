@@ -95,7 +95,10 @@ pub struct LoadStats {
     pub spans: usize,
     pub counters: usize,
     pub flows: usize,
+    /// Wall time of the whole load.
     pub seconds: f64,
+    /// Of which scanning the JSON into raw columns (the rest builds the tables).
+    pub scan_seconds: f64,
 }
 
 /// A loaded trace.
@@ -255,6 +258,7 @@ pub fn load(input: &Path, opts: &LoadOptions) -> Result<Trace, LoadError> {
         json_bytes,
         ..
     } = acc;
+    let scan_seconds = start.elapsed().as_secs_f64();
     let run = run_label(input);
     let built = frames::build(raw, &run, &mut warnings).map_err(|source| LoadError::Frame {
         path: path.clone(),
@@ -268,6 +272,7 @@ pub fn load(input: &Path, opts: &LoadOptions) -> Result<Trace, LoadError> {
         counters: built.counters.height(),
         flows: built.flows.height(),
         seconds: start.elapsed().as_secs_f64(),
+        scan_seconds,
     };
     Ok(Trace {
         run,
@@ -616,12 +621,13 @@ impl Parser {
                         return Ok(Step::Eof);
                     }
                 }
-                Err(ScanError::Syntax { at, what }) => {
+                Err(ScanError::Syntax(e)) => {
+                    let json::SyntaxError { at, what } = *e;
                     return Err(LoadError::Syntax {
                         path: self.path.clone(),
                         offset: self.offset() + at as u64,
                         what,
-                    })
+                    });
                 }
             }
         }
@@ -723,10 +729,7 @@ impl Parser {
                             let from = c.i;
                             c.skip_value()?;
                             serde_json::from_slice::<serde_json::Value>(&c.s[from..c.i]).map_err(
-                                |e| ScanError::Syntax {
-                                    at: from,
-                                    what: format!("top-level `{key}`: {e}"),
-                                },
+                                |e| ScanError::syntax(from, format!("top-level `{key}`: {e}")),
                             )
                         })? {
                             Step::Got(v) => v,
@@ -814,13 +817,14 @@ impl Parser {
                                     return Ok(EventsEnd::Cut);
                                 }
                             }
-                            Err(ScanError::Syntax { at: rel, what }) => {
+                            Err(ScanError::Syntax(e)) => {
+                                let json::SyntaxError { at: rel, what } = *e;
                                 return Err(LoadError::BadEvent {
                                     path: self.path.clone(),
                                     index: self.index,
                                     offset: self.offset() + rel as u64,
                                     what: format!("is not valid: {what}"),
-                                })
+                                });
                             }
                         }
                     }
@@ -935,6 +939,135 @@ mod tests {
         for threads in 2..=13 {
             let many = load_with(&path, threads).unwrap();
             same(&one, &many);
+        }
+    }
+
+    /// Spans of a random tree per track: (tid, ts, dur, name). Durations are distinct and
+    /// children sit strictly inside their parent, so nesting is unambiguous.
+    fn random_tree(seed: u64) -> Vec<(u32, f64, f64, String)> {
+        let mut x = seed;
+        let mut rand = move |n: u64| {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (x >> 33) % n
+        };
+        let mut spans = Vec::new();
+        fn fill(
+            spans: &mut Vec<(u32, f64, f64, String)>,
+            rand: &mut dyn FnMut(u64) -> u64,
+            tid: u32,
+            from: f64,
+            to: f64,
+            level: u32,
+        ) {
+            let mut t = from + 1.0 + rand(5) as f64;
+            while level < 4 && t + 12.0 < to - 1.0 {
+                let len = (6 + rand(40)) as f64 + 0.001 * rand(997) as f64;
+                let end = (t + len).min(to - 1.0);
+                spans.push((tid, t, end - t, format!("s{level}.{}", rand(3))));
+                fill(spans, rand, tid, t, end, level + 1);
+                t = end + 1.0 + rand(4) as f64;
+            }
+        }
+        for tid in 1..=2 {
+            for step in 0..6u32 {
+                let from = step as f64 * 400.0;
+                spans.push((tid, from, 390.0, format!("ProfilerStep#{step}")));
+                fill(&mut spans, &mut rand, tid, from, from + 390.0, 0);
+            }
+        }
+        spans
+    }
+
+    #[test]
+    fn nesting_does_not_depend_on_file_order() {
+        let spans = random_tree(7);
+        assert!(spans.len() > 100);
+        // Independently: the parent is the innermost span of the track that contains it.
+        let contains = |o: &(u32, f64, f64, String), s: &(u32, f64, f64, String)| {
+            o.0 == s.0 && o.1 <= s.1 && s.1 + s.2 <= o.1 + o.2 && o.2 > s.2
+        };
+        let mut want: Vec<(u32, String, u32, Option<String>, Option<i64>)> = spans
+            .iter()
+            .map(|s| {
+                let outer: Vec<_> = spans.iter().filter(|o| contains(o, s)).collect();
+                let parent = outer.iter().min_by(|a, b| a.2.total_cmp(&b.2));
+                let step = outer
+                    .iter()
+                    .chain(std::iter::once(&s))
+                    .find_map(|o| o.3.strip_prefix("ProfilerStep#"))
+                    .map(|n| n.parse().unwrap());
+                (
+                    s.0,
+                    format!("{:.3}", s.1),
+                    outer.len() as u32,
+                    parent.map(|p| format!("{:.3}", p.1)),
+                    step,
+                )
+            })
+            .collect();
+        want.sort_by(|a, b| (a.0, &a.1).cmp(&(b.0, &b.1)));
+
+        let by_start = {
+            let mut v = spans.clone();
+            v.sort_by(|a, b| a.1.total_cmp(&b.1).then(b.2.total_cmp(&a.2)));
+            v
+        };
+        let by_end = {
+            let mut v = spans.clone();
+            v.sort_by(|a, b| {
+                (a.1 + a.2)
+                    .total_cmp(&(b.1 + b.2))
+                    .then(a.2.total_cmp(&b.2))
+            });
+            v
+        };
+        let shuffled = {
+            let mut v = spans.clone();
+            v.reverse();
+            v.swap(3, 40);
+            v
+        };
+        let dir = tempfile::tempdir().unwrap();
+        for (label, order) in [("start", by_start), ("end", by_end), ("shuffled", shuffled)] {
+            let mut text = String::from("[");
+            for (k, (tid, ts, dur, name)) in order.iter().enumerate() {
+                if k > 0 {
+                    text.push(',');
+                }
+                write!(
+                    text,
+                    "{{\"ph\":\"X\",\"cat\":\"cpu\",\"name\":\"{name}\",\"pid\":1,\"tid\":{tid},\"ts\":{ts:.3},\"dur\":{dur:.3}}}"
+                )
+                .unwrap();
+            }
+            text.push(']');
+            let path = dir.path().join(format!("{label}.json"));
+            std::fs::write(&path, text).unwrap();
+            let t = load_with(&path, 1).unwrap();
+            assert!(t.warnings.is_empty(), "{label}: {:?}", t.warnings);
+            let df = &t.spans;
+            let tid = df.column("tid").unwrap().i64().unwrap();
+            let ts = df.column("ts").unwrap().f64().unwrap();
+            let depth = df.column("depth").unwrap().u32().unwrap();
+            let parent = df.column("parent").unwrap().u32().unwrap();
+            let step = df.column("step").unwrap().i64().unwrap();
+            let mut got: Vec<_> = (0..df.height())
+                .map(|i| {
+                    (
+                        tid.get(i).unwrap() as u32,
+                        format!("{:.3}", ts.get(i).unwrap()),
+                        depth.get(i).unwrap(),
+                        parent
+                            .get(i)
+                            .map(|p| format!("{:.3}", ts.get(p as usize).unwrap())),
+                        step.get(i),
+                    )
+                })
+                .collect();
+            got.sort_by(|a, b| (a.0, &a.1).cmp(&(b.0, &b.1)));
+            assert_eq!(got, want, "file in {label} order");
         }
     }
 

@@ -98,7 +98,8 @@ impl Interner {
     }
 }
 
-/// The args the analyzer reads, by their key in the trace.
+/// The args the analyzer keeps as span columns, by their key in the trace. `args.step`
+/// is read too, into the step column (see [`Raw::span_step`]); other args are skipped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(crate) enum ArgKey {
     WaitUs,
@@ -106,61 +107,66 @@ pub(crate) enum ArgKey {
     Tokens,
     Loss,
     Batch,
-    CpuTs,
+}
+
+/// What an `args` key is to the loader.
+enum ArgUse {
+    Column(ArgKey),
     Step,
 }
 
 impl ArgKey {
     /// In declaration order (so `ALL[k].index() == k`), which is also the order of the
     /// arg columns in the span table.
-    pub const ALL: [ArgKey; 7] = [
+    pub const ALL: [ArgKey; 5] = [
         ArgKey::WaitUs,
         ArgKey::Depth,
         ArgKey::Tokens,
         ArgKey::Loss,
         ArgKey::Batch,
-        ArgKey::CpuTs,
-        ArgKey::Step,
     ];
 
     /// The key in `args`.
     pub fn key(self) -> &'static str {
         match self {
-            ArgKey::Step => "step",
             ArgKey::WaitUs => "wait_us",
             ArgKey::Depth => "depth",
             ArgKey::Tokens => "tokens",
             ArgKey::Loss => "loss",
             ArgKey::Batch => "batch",
-            ArgKey::CpuTs => "cpu_ts",
         }
     }
 
     /// The column it becomes in the spans frame.
     pub fn column(self) -> &'static str {
         match self {
-            ArgKey::Step => "arg_step",
             ArgKey::Depth => "queue_depth",
             other => other.key(),
         }
     }
 
-    fn from_key(k: &[u8]) -> Option<ArgKey> {
-        // Byte patterns rather than string literals: compared inline, without a call.
-        Some(match k {
-            [b's', b't', b'e', b'p'] => ArgKey::Step,
-            [b'w', b'a', b'i', b't', b'_', b'u', b's'] => ArgKey::WaitUs,
-            [b'd', b'e', b'p', b't', b'h'] => ArgKey::Depth,
-            [b't', b'o', b'k', b'e', b'n', b's'] => ArgKey::Tokens,
-            [b'l', b'o', b's', b's'] => ArgKey::Loss,
-            [b'b', b'a', b't', b'c', b'h'] => ArgKey::Batch,
-            [b'c', b'p', b'u', b'_', b't', b's'] => ArgKey::CpuTs,
-            _ => return None,
-        })
+    pub fn index(self) -> usize {
+        self as usize
     }
 
-    fn index(self) -> usize {
-        self as usize
+    /// A count (queue depth, batch, tokens): its column is `Float32`, exact below 2^24.
+    pub fn is_count(self) -> bool {
+        matches!(self, ArgKey::Depth | ArgKey::Batch | ArgKey::Tokens)
+    }
+}
+
+impl ArgUse {
+    fn of_key(k: &[u8]) -> Option<ArgUse> {
+        // Byte patterns rather than string literals: compared inline, without a call.
+        Some(match k {
+            [b's', b't', b'e', b'p'] => ArgUse::Step,
+            [b'w', b'a', b'i', b't', b'_', b'u', b's'] => ArgUse::Column(ArgKey::WaitUs),
+            [b'd', b'e', b'p', b't', b'h'] => ArgUse::Column(ArgKey::Depth),
+            [b't', b'o', b'k', b'e', b'n', b's'] => ArgUse::Column(ArgKey::Tokens),
+            [b'l', b'o', b's', b's'] => ArgUse::Column(ArgKey::Loss),
+            [b'b', b'a', b't', b'c', b'h'] => ArgUse::Column(ArgKey::Batch),
+            _ => return None,
+        })
     }
 }
 
@@ -179,34 +185,29 @@ pub(crate) struct EventProblem(pub String);
 /// `flow_span` of a flow end that belongs to no span.
 pub(crate) const NO_SPAN: u32 = u32::MAX;
 
-/// One arg of the spans, dense: a value and a validity bit per span row. Rows after the
-/// last one that carried the arg are filled in by [`Raw::finish`].
+/// `span_step` of a span without a step (yet).
+pub(crate) const NO_STEP: i64 = i64::MIN;
+
+/// One arg of the spans, sparse: the rows that carry it, ascending, and their values.
+/// Most spans carry none of the args, so the frame's dense column is built at the end.
 #[derive(Default)]
 pub(crate) struct ArgColumn {
+    pub rows: Vec<u32>,
     pub values: Vec<f64>,
-    pub valid: Vec<bool>,
 }
 
 impl ArgColumn {
-    /// Sets row `row` (rows before it that were never set become null).
     #[inline]
-    fn set(&mut self, row: usize, v: f64) {
-        if self.values.len() > row {
+    fn set(&mut self, row: u32, v: f64) {
+        if self.rows.last() == Some(&row) {
             // The key twice in one event: the last one wins.
-            self.values[row] = v;
-            self.valid[row] = true;
+            if let Some(last) = self.values.last_mut() {
+                *last = v;
+            }
             return;
         }
-        self.pad(row);
+        self.rows.push(row);
         self.values.push(v);
-        self.valid.push(true);
-    }
-
-    fn pad(&mut self, n: usize) {
-        if self.values.len() < n {
-            self.values.resize(n, 0.0);
-            self.valid.resize(n, false);
-        }
     }
 }
 
@@ -226,8 +227,11 @@ pub(crate) struct Raw {
     pub span_cat: Vec<u32>,
     pub span_ts: Vec<f64>,
     pub span_dur: Vec<f64>,
-    /// By [`ArgKey`] index; `None` while no span has carried the arg.
-    pub span_args: [Option<ArgColumn>; 7],
+    /// `args.step` as written, [`NO_STEP`] without one; the frame's step column is built
+    /// in place from it.
+    pub span_step: Vec<i64>,
+    /// By [`ArgKey`] index.
+    pub span_args: [ArgColumn; 5],
 
     pub ctr_pid: Vec<i64>,
     pub ctr_name: Vec<u32>,
@@ -285,7 +289,7 @@ impl Raw {
             IdVal::Missing => Ok(0),
             IdVal::Num(n) => num_id(n, field),
             IdVal::Str(st) => {
-                let raw = &s[st.start..st.end];
+                let raw = &s[st.range()];
                 // Numbers written as strings ("tid": "12") are common in hand-made traces.
                 if let Some(n) = std::str::from_utf8(raw)
                     .ok()
@@ -293,7 +297,7 @@ impl Raw {
                 {
                     return Ok(n as i64);
                 }
-                Ok(MAX_ID as i64 + self.string_ids.intern(raw, st.escaped) as i64)
+                Ok(MAX_ID as i64 + self.string_ids.intern(raw, st.escaped()) as i64)
             }
         }
     }
@@ -304,19 +308,9 @@ impl Raw {
         self.string_ids.strings.get(k as usize).map(String::as_str)
     }
 
-    /// Fills the arg columns up to the last span row.
-    pub fn finish(&mut self) {
-        let n = self.span_ts.len();
-        for c in self.span_args.iter_mut().flatten() {
-            c.pad(n);
-        }
-    }
-
     /// Appends `other`, the events that follow this part's in the file: ids of strings,
     /// string pids and tracks are mapped onto this part's, span rows shifted.
     pub fn append(&mut self, mut other: Raw) {
-        self.finish();
-        other.finish();
         let strings = self.strings.absorb(&other.strings);
         let sids = self.string_ids.absorb(&other.string_ids);
         let max_id = MAX_ID as i64;
@@ -333,7 +327,6 @@ impl Raw {
             .map(|&(p, t)| self.track(id(p), id(t)))
             .collect();
         let rows = self.span_ts.len();
-        let other_rows = other.span_ts.len();
         let name = |v: &u32| strings[*v as usize];
 
         self.span_track
@@ -345,27 +338,12 @@ impl Raw {
         drop(std::mem::take(&mut other.span_cat));
         append_vec(&mut self.span_ts, &mut other.span_ts);
         append_vec(&mut self.span_dur, &mut other.span_dur);
+        append_vec(&mut self.span_step, &mut other.span_step);
         for (mine, theirs) in self.span_args.iter_mut().zip(other.span_args.iter_mut()) {
-            match theirs.take() {
-                None => {
-                    if let Some(m) = mine {
-                        m.pad(rows + other_rows);
-                    }
-                }
-                Some(mut t) => match mine {
-                    Some(m) => {
-                        append_vec(&mut m.values, &mut t.values);
-                        append_vec(&mut m.valid, &mut t.valid);
-                    }
-                    None => {
-                        let mut m = ArgColumn::default();
-                        m.pad(rows);
-                        m.values.extend_from_slice(&t.values);
-                        m.valid.extend_from_slice(&t.valid);
-                        *mine = Some(m);
-                    }
-                },
-            }
+            mine.rows
+                .extend(theirs.rows.iter().map(|&r| r + rows as u32));
+            drop(std::mem::take(&mut theirs.rows));
+            append_vec(&mut mine.values, &mut theirs.values);
         }
 
         self.ctr_pid.extend(other.ctr_pid.iter().map(|&p| id(p)));
@@ -419,7 +397,7 @@ impl Raw {
     }
 
     fn text(&mut self, s: &[u8], st: Str) -> u32 {
-        self.strings.intern(&s[st.start..st.end], st.escaped)
+        self.strings.intern(&s[st.range()], st.escaped())
     }
 
     /// Validates `ev` (ranges into `s`) and appends it to the columns.
@@ -427,7 +405,7 @@ impl Raw {
         let Some(ph) = ev.ph else {
             return Err(EventProblem("has no `ph` (phase)".into()));
         };
-        let ph_raw = &s[ph.start..ph.end];
+        let ph_raw = &s[ph.range()];
         let phase = match ph_raw {
             [p] if KNOWN_PHASES.contains(p) => *p,
             _ => {
@@ -500,20 +478,26 @@ impl Raw {
             Some(c) => self.text(s, c),
             None => self.strings.intern(b"", false),
         };
+        let mut step = NO_STEP;
         for &(k, v) in &ev.args {
-            let Some(key) = ArgKey::from_key(&s[k.start..k.end]) else {
+            let Some(which) = ArgUse::of_key(&s[k.range()]) else {
                 continue;
             };
-            match v {
-                ArgVal::Num(x) => self.span_args[key.index()]
-                    .get_or_insert_with(ArgColumn::default)
-                    .set(row as usize, x),
+            let x = match v {
+                ArgVal::Num(x) => x,
                 ArgVal::Str(_) => {
+                    let key = match which {
+                        ArgUse::Step => "step",
+                        ArgUse::Column(c) => c.key(),
+                    };
                     return Err(EventProblem(format!(
-                        "`args.{}` must be a number, found a string",
-                        key.key()
-                    )))
+                        "`args.{key}` must be a number, found a string"
+                    )));
                 }
+            };
+            match which {
+                ArgUse::Step => step = x as i64,
+                ArgUse::Column(c) => self.span_args[c.index()].set(row, x),
             }
         }
         if let Some(b) = ev.bind_id {
@@ -536,6 +520,7 @@ impl Raw {
         self.span_cat.push(cat);
         self.span_ts.push(ts);
         self.span_dur.push(dur);
+        self.span_step.push(step);
         Ok(())
     }
 
@@ -573,15 +558,15 @@ impl Raw {
         let Some(name) = ev.name else {
             return Ok(());
         };
-        let which = &s[name.start..name.end];
+        let which = &s[name.range()];
         if which != b"process_name".as_slice() && which != b"thread_name".as_slice() {
             return Ok(());
         }
         let label = ev.args.iter().find_map(|&(k, v)| match v {
-            ArgVal::Str(st) if &s[k.start..k.end] == b"name" => Some(if st.escaped {
-                unescape(&s[st.start..st.end])
+            ArgVal::Str(st) if &s[k.range()] == b"name" => Some(if st.escaped() {
+                unescape(&s[st.range()])
             } else {
-                String::from_utf8_lossy(&s[st.start..st.end]).into_owned()
+                String::from_utf8_lossy(&s[st.range()]).into_owned()
             }),
             _ => None,
         });
@@ -603,7 +588,7 @@ impl Raw {
             IdVal::Num(n) => Self::flow_id_num(n)?,
             // Hex strings ("0x1f") are how some writers spell flow ids.
             IdVal::Str(st) => {
-                let t = String::from_utf8_lossy(&s[st.start..st.end]).into_owned();
+                let t = String::from_utf8_lossy(&s[st.range()]).into_owned();
                 let parsed = t.strip_prefix("0x").map_or_else(
                     || t.parse::<u64>().ok(),
                     |h| u64::from_str_radix(h, 16).ok(),
