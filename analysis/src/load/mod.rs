@@ -988,7 +988,9 @@ mod tests {
         let contains = |o: &(u32, f64, f64, String), s: &(u32, f64, f64, String)| {
             o.0 == s.0 && o.1 <= s.1 && s.1 + s.2 <= o.1 + o.2 && o.2 > s.2
         };
-        let mut want: Vec<(u32, String, u32, Option<String>, Option<i64>)> = spans
+        // (tid, ts, depth, parent's ts, step) per span.
+        type Row = (u32, String, u32, Option<String>, Option<i64>);
+        let mut want: Vec<Row> = spans
             .iter()
             .map(|s| {
                 let outer: Vec<_> = spans.iter().filter(|o| contains(o, s)).collect();
