@@ -165,6 +165,10 @@ fn enum_dtype(labels: &[&str]) -> PolarsResult<DataType> {
 /// column when two labels decode to the same text (an Enum needs unique categories).
 fn enum_column(name: &str, codes: Series, labels: &[&str]) -> PolarsResult<Column> {
     let codes = codes.with_name(name.into());
+    let in_range = codes
+        .max::<u64>()?
+        .is_none_or(|m| (m as usize) < labels.len());
+    polars_ensure!(in_range, ComputeError: "`{name}`: a code past the {} labels", labels.len());
     let Ok(dtype) = enum_dtype(labels) else {
         let codes = codes.cast(&DataType::UInt32)?;
         return Ok(StringChunked::from_iter_values(
@@ -173,9 +177,46 @@ fn enum_column(name: &str, codes: Series, labels: &[&str]) -> PolarsResult<Colum
         )
         .into_column());
     };
-    let phys = DataType::from(dtype.cat_physical()?);
-    let codes = codes.cast(&phys)?;
-    Ok(Series::from_cats_and_dtype(&codes, &dtype, true)?.into_column())
+    let phys = dtype.cat_physical()?;
+    let codes = codes.cast(&DataType::from(phys))?;
+    // The checked constructor looks every code up in the mapping; codes here are indices
+    // into `labels`, whose categories are numbered in order, and were range-checked above.
+    macro_rules! build {
+        ($t:ty) => {{
+            let ca: &ChunkedArray<<$t as PolarsCategoricalType>::PolarsPhysical> =
+                codes.as_ref().as_ref();
+            // SAFETY: every code is below labels.len(), the number of categories.
+            unsafe { CategoricalChunked::<$t>::from_cats_and_dtype_unchecked(ca.clone(), dtype) }
+                .into_column()
+        }};
+    }
+    Ok(match phys {
+        CategoricalPhysical::U8 => build!(Categorical8Type),
+        CategoricalPhysical::U16 => build!(Categorical16Type),
+        CategoricalPhysical::U32 => build!(Categorical32Type),
+    })
+}
+
+/// The `cat` column: an Enum of the categories in use only (a handful, so `u8` codes),
+/// not of every interned string (one per `ProfilerStep#N` name, among others).
+fn cat_column(span_cat: Vec<u32>, strings: &[&str]) -> PolarsResult<Column> {
+    let mut code = vec![u32::MAX; strings.len()];
+    let mut labels: Vec<&str> = Vec::new();
+    let mut cats = span_cat;
+    for c in cats.iter_mut() {
+        let k = &mut code[*c as usize];
+        if *k == u32::MAX {
+            *k = labels.len() as u32;
+            labels.push(strings[*c as usize]);
+        }
+        *c = *k;
+    }
+    if labels.len() <= 256 {
+        let small: Vec<u8> = cats.iter().map(|&c| c as u8).collect();
+        drop(cats);
+        return enum_column("cat", u8_codes(small), &labels);
+    }
+    enum_column("cat", u32_codes(cats), &labels)
 }
 
 fn u32_codes(codes: Vec<u32>) -> Series {
@@ -388,7 +429,7 @@ fn build_spans(raw: Raw, run: &str, warnings: &mut Vec<Warning>) -> PolarsResult
         side.tid,
         enum_column("track", u32_codes(span_track), &label_refs)?,
         enum_column("name", u32_codes(span_name), &strings)?,
-        enum_column("cat", u32_codes(span_cat), &strings)?,
+        cat_column(span_cat, &strings)?,
         kind_col,
         clock_col,
         Float64Chunked::from_vec("ts".into(), span_ts).into_column(),

@@ -312,7 +312,8 @@ impl Raw {
     /// string pids and tracks are mapped onto this part's, span rows shifted.
     pub fn append(&mut self, mut other: Raw) {
         let strings = self.strings.absorb(&other.strings);
-        let sids = self.string_ids.absorb(&other.string_ids);
+        let sids = &self.string_ids.absorb(&other.string_ids);
+        let strings = &strings;
         let max_id = MAX_ID as i64;
         let id = |v: i64| {
             if v >= max_id {
@@ -328,53 +329,93 @@ impl Raw {
             .collect();
         let rows = self.span_ts.len();
         let name = |v: &u32| strings[*v as usize];
+        let Raw {
+            span_track,
+            span_name,
+            span_cat,
+            span_ts,
+            span_dur,
+            span_step,
+            span_args,
+            ctr_pid,
+            ctr_name,
+            ctr_key,
+            ctr_ts,
+            ctr_value,
+            flow_id,
+            flow_dir,
+            flow_pid,
+            flow_tid,
+            flow_ts,
+            flow_span,
+            ..
+        } = self;
+        // Flows and counters on a second core, spans here: the columns are disjoint.
+        std::thread::scope(|scope| {
+            let mut o = Raw {
+                ctr_pid: std::mem::take(&mut other.ctr_pid),
+                ctr_name: std::mem::take(&mut other.ctr_name),
+                ctr_key: std::mem::take(&mut other.ctr_key),
+                ctr_ts: std::mem::take(&mut other.ctr_ts),
+                ctr_value: std::mem::take(&mut other.ctr_value),
+                flow_id: std::mem::take(&mut other.flow_id),
+                flow_dir: std::mem::take(&mut other.flow_dir),
+                flow_pid: std::mem::take(&mut other.flow_pid),
+                flow_tid: std::mem::take(&mut other.flow_tid),
+                flow_ts: std::mem::take(&mut other.flow_ts),
+                flow_span: std::mem::take(&mut other.flow_span),
+                ..Raw::default()
+            };
+            let flows_and_counters = scope.spawn(move || {
+                ctr_pid.extend(o.ctr_pid.iter().map(|&p| id(p)));
+                ctr_name.extend(o.ctr_name.iter().map(name));
+                ctr_key.extend(o.ctr_key.iter().map(name));
+                append_vec(ctr_ts, &mut o.ctr_ts);
+                append_vec(ctr_value, &mut o.ctr_value);
 
-        self.span_track
-            .extend(other.span_track.iter().map(|&t| tracks[t as usize]));
-        drop(std::mem::take(&mut other.span_track));
-        self.span_name.extend(other.span_name.iter().map(name));
-        drop(std::mem::take(&mut other.span_name));
-        self.span_cat.extend(other.span_cat.iter().map(name));
-        drop(std::mem::take(&mut other.span_cat));
-        append_vec(&mut self.span_ts, &mut other.span_ts);
-        append_vec(&mut self.span_dur, &mut other.span_dur);
-        append_vec(&mut self.span_step, &mut other.span_step);
-        for (mine, theirs) in self.span_args.iter_mut().zip(other.span_args.iter_mut()) {
-            mine.rows
-                .extend(theirs.rows.iter().map(|&r| r + rows as u32));
-            drop(std::mem::take(&mut theirs.rows));
-            append_vec(&mut mine.values, &mut theirs.values);
-        }
-
-        self.ctr_pid.extend(other.ctr_pid.iter().map(|&p| id(p)));
-        self.ctr_name.extend(other.ctr_name.iter().map(name));
-        self.ctr_key.extend(other.ctr_key.iter().map(name));
-        append_vec(&mut self.ctr_ts, &mut other.ctr_ts);
-        append_vec(&mut self.ctr_value, &mut other.ctr_value);
-
-        let flow_base = 1u64 << 53;
-        self.flow_id.extend(other.flow_id.iter().map(|&f| {
-            if f >= flow_base {
-                flow_base + sids[(f - flow_base) as usize] as u64
-            } else {
-                f
+                let flow_base = 1u64 << 53;
+                flow_id.extend(o.flow_id.iter().map(|&f| {
+                    if f >= flow_base {
+                        flow_base + sids[(f - flow_base) as usize] as u64
+                    } else {
+                        f
+                    }
+                }));
+                drop(std::mem::take(&mut o.flow_id));
+                append_vec(flow_dir, &mut o.flow_dir);
+                flow_pid.extend(o.flow_pid.iter().map(|&p| id(p)));
+                drop(std::mem::take(&mut o.flow_pid));
+                flow_tid.extend(o.flow_tid.iter().map(|&p| id(p)));
+                drop(std::mem::take(&mut o.flow_tid));
+                append_vec(flow_ts, &mut o.flow_ts);
+                flow_span.extend(o.flow_span.iter().map(|&r| {
+                    if r == NO_SPAN {
+                        NO_SPAN
+                    } else {
+                        r + rows as u32
+                    }
+                }));
+                drop(std::mem::take(&mut o.flow_span));
+            });
+            span_track.extend(other.span_track.iter().map(|&t| tracks[t as usize]));
+            drop(std::mem::take(&mut other.span_track));
+            span_name.extend(other.span_name.iter().map(name));
+            drop(std::mem::take(&mut other.span_name));
+            span_cat.extend(other.span_cat.iter().map(name));
+            drop(std::mem::take(&mut other.span_cat));
+            append_vec(span_ts, &mut other.span_ts);
+            append_vec(span_dur, &mut other.span_dur);
+            append_vec(span_step, &mut other.span_step);
+            for (mine, theirs) in span_args.iter_mut().zip(other.span_args.iter_mut()) {
+                mine.rows
+                    .extend(theirs.rows.iter().map(|&r| r + rows as u32));
+                drop(std::mem::take(&mut theirs.rows));
+                append_vec(&mut mine.values, &mut theirs.values);
             }
-        }));
-        drop(std::mem::take(&mut other.flow_id));
-        append_vec(&mut self.flow_dir, &mut other.flow_dir);
-        self.flow_pid.extend(other.flow_pid.iter().map(|&p| id(p)));
-        drop(std::mem::take(&mut other.flow_pid));
-        self.flow_tid.extend(other.flow_tid.iter().map(|&p| id(p)));
-        drop(std::mem::take(&mut other.flow_tid));
-        append_vec(&mut self.flow_ts, &mut other.flow_ts);
-        self.flow_span.extend(other.flow_span.iter().map(|&r| {
-            if r == NO_SPAN {
-                NO_SPAN
-            } else {
-                r + rows as u32
+            if let Err(panic) = flows_and_counters.join() {
+                std::panic::resume_unwind(panic);
             }
-        }));
-        drop(std::mem::take(&mut other.flow_span));
+        });
 
         for (pid, label) in other.process_names {
             self.process_names.insert(id(pid), label);
