@@ -28,6 +28,11 @@ pub struct Cli {
     #[arg(long, value_enum, default_value_t = ColorWhen::Auto, global = true)]
     pub color: ColorWhen,
 
+    /// Threads that parse an uncompressed trace, each a part of the file; 0 (the
+    /// default) uses one per core.
+    #[arg(long, default_value_t = 0, global = true)]
+    pub threads: usize,
+
     #[command(subcommand)]
     pub command: Command,
 }

@@ -49,11 +49,12 @@ fn color_enabled(when: ColorWhen) -> bool {
     }
 }
 
-fn load_run(path: &Path) -> anyhow::Result<Trace> {
+fn load_run(path: &Path, threads: usize) -> anyhow::Result<Trace> {
     let trace = load::load(
         path,
         &LoadOptions {
             progress: true,
+            threads,
             ..Default::default()
         },
     )
@@ -87,6 +88,7 @@ fn prepare_dir(dir: &Path) -> anyhow::Result<PathBuf> {
 fn run() -> anyhow::Result<Outcome> {
     let cli = Cli::parse();
     let color = color_enabled(cli.color);
+    let load_run = |path: &Path| load_run(path, cli.threads);
     match cli.command {
         Command::Breakdown(a) => {
             let trace = load_run(&a.run)?;

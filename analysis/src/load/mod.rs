@@ -230,12 +230,13 @@ pub fn load(input: &Path, opts: &LoadOptions) -> Result<Trace, LoadError> {
         first
     });
     let mut acc = first?;
+    let mut raws = vec![std::mem::take(&mut acc.raw)];
     while let Some(next) = acc
         .stopped
         .and_then(|k| parts.get_mut(k).and_then(Option::take))
     {
         let mut next = next.map_err(|e| e.after_events(acc.index))?;
-        acc.raw.append(next.raw);
+        raws.push(std::mem::take(&mut next.raw));
         for w in &mut next.warnings {
             if let Warning::Truncated { events_kept, .. } = w {
                 *events_kept += acc.index;
@@ -247,6 +248,7 @@ pub fn load(input: &Path, opts: &LoadOptions) -> Result<Trace, LoadError> {
         acc.json_bytes = next.json_bytes;
         acc.stopped = next.stopped;
     }
+    acc.raw = Raw::concat(raws, opts.threads);
     if let Some(b) = &bar {
         b.finish_and_clear();
     }

@@ -6,6 +6,7 @@
 
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
+use std::mem::MaybeUninit;
 
 use super::event::{ArgVal, Event, IdVal};
 use super::json::{unescape, Str};
@@ -254,14 +255,111 @@ pub(crate) struct Raw {
     pub ignored: FxMap<u8, u64>,
 }
 
-/// Moves `from` onto the end of `to`, freeing `from`'s memory right away.
-fn append_vec<T: Copy>(to: &mut Vec<T>, from: &mut Vec<T>) {
-    if to.is_empty() && to.capacity() < from.len() {
-        std::mem::swap(to, from);
-    } else {
-        to.extend_from_slice(from);
+/// Work that fills one part's share of a merged column.
+type Task<'a> = Box<dyn FnOnce() + Send + 'a>;
+
+/// Grows `dest` by the lengths of the parts that follow it and hands out each part's
+/// uninitialised place, in order. The caller sets the length once every place is written.
+fn places<'a, T>(dest: &'a mut Vec<T>, lens: &[usize]) -> (usize, Vec<&'a mut [MaybeUninit<T>]>) {
+    let extra: usize = lens.iter().sum();
+    let len = dest.len() + extra;
+    dest.reserve_exact(extra);
+    let mut spare = &mut dest.spare_capacity_mut()[..extra];
+    let mut out = Vec::with_capacity(lens.len());
+    for &l in lens {
+        let (here, rest) = std::mem::take(&mut spare).split_at_mut(l);
+        out.push(here);
+        spare = rest;
     }
-    *from = Vec::new();
+    (len, out)
+}
+
+/// Writes `src`, mapped by `f`, into `place` (of the same length), then frees `src`.
+fn fill<T, U>(place: &mut [MaybeUninit<T>], src: Vec<U>, f: impl Fn(U) -> T) {
+    assert_eq!(place.len(), src.len(), "a part's column changed size");
+    for (d, s) in place.iter_mut().zip(src) {
+        d.write(f(s));
+    }
+}
+
+/// Queues one task per part that fills its place in `dest` from its column, mapped by
+/// `f(part, value)`; returns the length `dest` has once they have run.
+fn queue<'a, T: Send + 'a, U: Send + 'a>(
+    tasks: &mut Vec<Task<'a>>,
+    dest: &'a mut Vec<T>,
+    srcs: Vec<Vec<U>>,
+    f: impl Fn(usize, U) -> T + Copy + Send + 'a,
+) -> usize {
+    let lens: Vec<usize> = srcs.iter().map(Vec::len).collect();
+    let (len, places) = places(dest, &lens);
+    for (k, (place, src)) in places.into_iter().zip(srcs).enumerate() {
+        tasks.push(Box::new(move || fill(place, src, |v| f(k, v))));
+    }
+    len
+}
+
+/// How the ids of one part map onto the merged part's.
+struct PartMap {
+    strings: Vec<u32>,
+    string_ids: Vec<u32>,
+    tracks: Vec<u32>,
+    /// Span rows before this part.
+    rows: u32,
+}
+
+impl PartMap {
+    /// A pid or tid: string ids move, numbers stay.
+    fn id(&self, v: i64) -> i64 {
+        let max_id = MAX_ID as i64;
+        if v >= max_id {
+            max_id + self.string_ids[(v - max_id) as usize] as i64
+        } else {
+            v
+        }
+    }
+
+    fn flow_id(&self, f: u64) -> u64 {
+        let base = 1u64 << 53;
+        if f >= base {
+            base + self.string_ids[(f - base) as usize] as u64
+        } else {
+            f
+        }
+    }
+
+    fn span(&self, r: u32) -> u32 {
+        if r == NO_SPAN {
+            NO_SPAN
+        } else {
+            r + self.rows
+        }
+    }
+}
+
+/// Runs `tasks` on up to `threads` threads (0: one per core).
+fn run_tasks(tasks: Vec<Task<'_>>, threads: usize) {
+    let threads = if threads == 0 {
+        std::thread::available_parallelism().map_or(1, |n| n.get())
+    } else {
+        threads
+    };
+    let queue = std::sync::Mutex::new(tasks);
+    let work = || loop {
+        let task = queue.lock().unwrap_or_else(|e| e.into_inner()).pop();
+        match task {
+            Some(t) => t(),
+            None => break,
+        }
+    };
+    std::thread::scope(|scope| {
+        let helpers: Vec<_> = (1..threads).map(|_| scope.spawn(work)).collect();
+        work();
+        for h in helpers {
+            if let Err(panic) = h.join() {
+                std::panic::resume_unwind(panic);
+            }
+        }
+    });
 }
 
 /// A number as a message shows it: huge ones in exponent form.
@@ -308,124 +406,149 @@ impl Raw {
         self.string_ids.strings.get(k as usize).map(String::as_str)
     }
 
-    /// Appends `other`, the events that follow this part's in the file: ids of strings,
-    /// string pids and tracks are mapped onto this part's, span rows shifted.
-    pub fn append(&mut self, mut other: Raw) {
-        let strings = self.strings.absorb(&other.strings);
-        let sids = &self.string_ids.absorb(&other.string_ids);
-        let strings = &strings;
-        let max_id = MAX_ID as i64;
-        let id = |v: i64| {
-            if v >= max_id {
-                max_id + sids[(v - max_id) as usize] as i64
-            } else {
-                v
-            }
-        };
-        let tracks: Vec<u32> = other
-            .tracks
-            .iter()
-            .map(|&(p, t)| self.track(id(p), id(t)))
-            .collect();
-        let rows = self.span_ts.len();
-        let name = |v: &u32| strings[*v as usize];
-        let Raw {
-            span_track,
-            span_name,
-            span_cat,
-            span_ts,
-            span_dur,
-            span_step,
-            span_args,
-            ctr_pid,
-            ctr_name,
-            ctr_key,
-            ctr_ts,
-            ctr_value,
-            flow_id,
-            flow_dir,
-            flow_pid,
-            flow_tid,
-            flow_ts,
-            flow_span,
-            ..
-        } = self;
-        // Flows and counters on a second core, spans here: the columns are disjoint.
-        std::thread::scope(|scope| {
-            let mut o = Raw {
-                ctr_pid: std::mem::take(&mut other.ctr_pid),
-                ctr_name: std::mem::take(&mut other.ctr_name),
-                ctr_key: std::mem::take(&mut other.ctr_key),
-                ctr_ts: std::mem::take(&mut other.ctr_ts),
-                ctr_value: std::mem::take(&mut other.ctr_value),
-                flow_id: std::mem::take(&mut other.flow_id),
-                flow_dir: std::mem::take(&mut other.flow_dir),
-                flow_pid: std::mem::take(&mut other.flow_pid),
-                flow_tid: std::mem::take(&mut other.flow_tid),
-                flow_ts: std::mem::take(&mut other.flow_ts),
-                flow_span: std::mem::take(&mut other.flow_span),
-                ..Raw::default()
+    /// Joins parts of the file, in file order, into one: ids of strings, string pids and
+    /// tracks are mapped onto the first part's, span rows shifted. The ids are merged in
+    /// order; the columns are copied into place by up to `threads` threads, a part and a
+    /// column at a time, each part's column freed as soon as it is copied.
+    pub fn concat(mut parts: Vec<Raw>, threads: usize) -> Raw {
+        if parts.len() <= 1 {
+            return parts.pop().unwrap_or_default();
+        }
+        let mut rest = parts.split_off(1);
+        let mut base = parts.pop().unwrap_or_default();
+        let mut maps = Vec::with_capacity(rest.len());
+        let mut rows = base.span_ts.len();
+        for other in &mut rest {
+            let strings = base.strings.absorb(&other.strings);
+            let string_ids = base.string_ids.absorb(&other.string_ids);
+            let mut map = PartMap {
+                strings,
+                string_ids,
+                tracks: Vec::new(),
+                rows: rows as u32,
             };
-            let flows_and_counters = scope.spawn(move || {
-                ctr_pid.extend(o.ctr_pid.iter().map(|&p| id(p)));
-                ctr_name.extend(o.ctr_name.iter().map(name));
-                ctr_key.extend(o.ctr_key.iter().map(name));
-                append_vec(ctr_ts, &mut o.ctr_ts);
-                append_vec(ctr_value, &mut o.ctr_value);
-
-                let flow_base = 1u64 << 53;
-                flow_id.extend(o.flow_id.iter().map(|&f| {
-                    if f >= flow_base {
-                        flow_base + sids[(f - flow_base) as usize] as u64
-                    } else {
-                        f
-                    }
-                }));
-                drop(std::mem::take(&mut o.flow_id));
-                append_vec(flow_dir, &mut o.flow_dir);
-                flow_pid.extend(o.flow_pid.iter().map(|&p| id(p)));
-                drop(std::mem::take(&mut o.flow_pid));
-                flow_tid.extend(o.flow_tid.iter().map(|&p| id(p)));
-                drop(std::mem::take(&mut o.flow_tid));
-                append_vec(flow_ts, &mut o.flow_ts);
-                flow_span.extend(o.flow_span.iter().map(|&r| {
-                    if r == NO_SPAN {
-                        NO_SPAN
-                    } else {
-                        r + rows as u32
-                    }
-                }));
-                drop(std::mem::take(&mut o.flow_span));
-            });
-            span_track.extend(other.span_track.iter().map(|&t| tracks[t as usize]));
-            drop(std::mem::take(&mut other.span_track));
-            span_name.extend(other.span_name.iter().map(name));
-            drop(std::mem::take(&mut other.span_name));
-            span_cat.extend(other.span_cat.iter().map(name));
-            drop(std::mem::take(&mut other.span_cat));
-            append_vec(span_ts, &mut other.span_ts);
-            append_vec(span_dur, &mut other.span_dur);
-            append_vec(span_step, &mut other.span_step);
-            for (mine, theirs) in span_args.iter_mut().zip(other.span_args.iter_mut()) {
-                mine.rows
-                    .extend(theirs.rows.iter().map(|&r| r + rows as u32));
-                drop(std::mem::take(&mut theirs.rows));
-                append_vec(&mut mine.values, &mut theirs.values);
+            map.tracks = other
+                .tracks
+                .iter()
+                .map(|&(p, t)| base.track(map.id(p), map.id(t)))
+                .collect();
+            for (pid, label) in std::mem::take(&mut other.process_names) {
+                base.process_names.insert(map.id(pid), label);
             }
-            if let Err(panic) = flows_and_counters.join() {
-                std::panic::resume_unwind(panic);
+            for ((pid, tid), label) in std::mem::take(&mut other.thread_names) {
+                base.thread_names.insert((map.id(pid), map.id(tid)), label);
             }
-        });
+            for (ph, n) in std::mem::take(&mut other.ignored) {
+                *base.ignored.entry(ph).or_default() += n;
+            }
+            rows += other.span_ts.len();
+            maps.push(map);
+        }
+        let maps = &maps;
+        macro_rules! cols {
+            ($field:ident) => {
+                rest.iter_mut()
+                    .map(|r| std::mem::take(&mut r.$field))
+                    .collect::<Vec<_>>()
+            };
+        }
+        let (track, name, cat) = (cols!(span_track), cols!(span_name), cols!(span_cat));
+        let (ts, dur, step) = (cols!(span_ts), cols!(span_dur), cols!(span_step));
+        let (c_pid, c_name, c_key) = (cols!(ctr_pid), cols!(ctr_name), cols!(ctr_key));
+        let (c_ts, c_value) = (cols!(ctr_ts), cols!(ctr_value));
+        let (f_id, f_dir, f_pid, f_tid) = (
+            cols!(flow_id),
+            cols!(flow_dir),
+            cols!(flow_pid),
+            cols!(flow_tid),
+        );
+        let (f_ts, f_span) = (cols!(flow_ts), cols!(flow_span));
+        // Per arg: the parts' rows and values.
+        type ArgParts = (Vec<Vec<u32>>, Vec<Vec<f64>>);
+        let mut args: Vec<ArgParts> = (0..ArgKey::ALL.len())
+            .map(|a| {
+                rest.iter_mut()
+                    .map(|r| {
+                        let c = std::mem::take(&mut r.span_args[a]);
+                        (c.rows, c.values)
+                    })
+                    .unzip()
+            })
+            .collect();
+        drop(rest);
 
-        for (pid, label) in other.process_names {
-            self.process_names.insert(id(pid), label);
+        let b = &mut base;
+        let mut tasks: Vec<Task<'_>> = Vec::new();
+        let t = &mut tasks;
+        let lens = [
+            queue(t, &mut b.span_track, track, move |k, v| {
+                maps[k].tracks[v as usize]
+            }),
+            queue(t, &mut b.span_name, name, move |k, v| {
+                maps[k].strings[v as usize]
+            }),
+            queue(t, &mut b.span_cat, cat, move |k, v| {
+                maps[k].strings[v as usize]
+            }),
+            queue(t, &mut b.ctr_name, c_name, move |k, v| {
+                maps[k].strings[v as usize]
+            }),
+            queue(t, &mut b.ctr_key, c_key, move |k, v| {
+                maps[k].strings[v as usize]
+            }),
+            queue(t, &mut b.flow_span, f_span, move |k, v| maps[k].span(v)),
+        ];
+        let lens64 = [
+            queue(t, &mut b.ctr_pid, c_pid, move |k, v| maps[k].id(v)),
+            queue(t, &mut b.flow_pid, f_pid, move |k, v| maps[k].id(v)),
+            queue(t, &mut b.flow_tid, f_tid, move |k, v| maps[k].id(v)),
+        ];
+        let id_len = queue(t, &mut b.flow_id, f_id, move |k, v| maps[k].flow_id(v));
+        let dir_len = queue(t, &mut b.flow_dir, f_dir, |_, v| v);
+        let flen = [
+            queue(t, &mut b.span_ts, ts, |_, v| v),
+            queue(t, &mut b.span_dur, dur, |_, v| v),
+            queue(t, &mut b.ctr_ts, c_ts, |_, v| v),
+            queue(t, &mut b.ctr_value, c_value, |_, v| v),
+            queue(t, &mut b.flow_ts, f_ts, |_, v| v),
+        ];
+        let step_len = queue(t, &mut b.span_step, step, |_, v| v);
+        let mut arg_lens = Vec::new();
+        for (col, (rows, values)) in b.span_args.iter_mut().zip(args.drain(..)) {
+            let r = queue(t, &mut col.rows, rows, move |k, v| v + maps[k].rows);
+            let v = queue(t, &mut col.values, values, |_, v| v);
+            arg_lens.push((r, v));
         }
-        for ((pid, tid), label) in other.thread_names {
-            self.thread_names.insert((id(pid), id(tid)), label);
+        run_tasks(tasks, threads);
+        // SAFETY: every place handed out by `queue` was written by its task (`fill` checks
+        // that a place and its source have the same length), and all tasks have run.
+        unsafe {
+            let [a, b2, c, d, e, f] = lens;
+            base.span_track.set_len(a);
+            base.span_name.set_len(b2);
+            base.span_cat.set_len(c);
+            base.ctr_name.set_len(d);
+            base.ctr_key.set_len(e);
+            base.flow_span.set_len(f);
+            let [a, b2, c] = lens64;
+            base.ctr_pid.set_len(a);
+            base.flow_pid.set_len(b2);
+            base.flow_tid.set_len(c);
+            base.flow_id.set_len(id_len);
+            base.flow_dir.set_len(dir_len);
+            let [a, b2, c, d, e] = flen;
+            base.span_ts.set_len(a);
+            base.span_dur.set_len(b2);
+            base.ctr_ts.set_len(c);
+            base.ctr_value.set_len(d);
+            base.flow_ts.set_len(e);
+            base.span_step.set_len(step_len);
+            for (col, (r, v)) in base.span_args.iter_mut().zip(arg_lens) {
+                col.rows.set_len(r);
+                col.values.set_len(v);
+            }
         }
-        for (ph, n) in other.ignored {
-            *self.ignored.entry(ph).or_default() += n;
-        }
+        base
     }
 
     fn track(&mut self, pid: i64, tid: i64) -> u32 {
