@@ -4,21 +4,32 @@
 #
 #   scripts/bench-analyze.sh [SIZE_MB]      (default 1100; results in $BENCH_DIR/results.txt)
 #
-# Measures wall time and peak RSS with /usr/bin/time -v. The file is read once before the
-# timed runs so every tool reads it from the page cache. HTA is installed into a
-# throwaway venv under /tmp (set SKIP_HTA=1 to leave it out).
+# Environment:
+#   BIN=path        a dflash-analyze binary to use instead of building one (release)
+#   THREADS="0 2"   --threads values to load with (0: one per core; the default "0")
+#   RUNS=3          timed loads per thread count
+#   SKIP_HTA=1      leave HTA out (it is installed into a throwaway venv under /tmp)
+#
+# Wall time and peak RSS come from a small Python wrapper (resource.getrusage of the
+# child), so the script needs only python3. The file is read once before the timed runs so
+# every tool reads it from the page cache.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 size_mb="${1:-1100}"
 bench="${BENCH_DIR:-/tmp/dflash-bench}"
-export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$root/target/h-analyze}"
+runs="${RUNS:-3}"
 mkdir -p "$bench/run"
 results="$bench/results.txt"
 : > "$results"
 say() { echo "$*" | tee -a "$results"; }
 
-cargo build --release -p dflash-analyze --manifest-path "$root/Cargo.toml" >&2
-bin="$CARGO_TARGET_DIR/release/dflash-analyze"
+if [[ -n "${BIN:-}" ]]; then
+  bin="$BIN"
+else
+  export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$root/target/h-analyze}"
+  cargo build --release -p dflash-analyze --manifest-path "$root/Cargo.toml" >&2
+  bin="$CARGO_TARGET_DIR/release/dflash-analyze"
+fi
 
 # 1. A trace of at least size_mb: measure bytes per step on a small one, then scale.
 trace="$bench/run/trace.json"
@@ -30,25 +41,34 @@ if [[ ! -f "$trace" || $(stat -c %s "$trace") -lt $((size_mb * 1000000)) ]]; the
   "$bin" synth --steps "$steps" --out "$trace"
 fi
 bytes=$(stat -c %s "$trace")
-say "trace: $trace, $bytes bytes ($(( bytes / 1000000 )) MB)"
+say "trace: $trace, $bytes bytes ($(( bytes / 1000000 )) MB); $(nproc) cores"
 cat "$trace" > /dev/null
 
+cat > "$bench/measure.py" <<'PY'
+import resource, subprocess, sys, time
+out = open(sys.argv[1], "w")
+t = time.monotonic()
+rc = subprocess.run(sys.argv[2:], stdout=out).returncode
+wall = time.monotonic() - t
+rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
+print(f"{wall:.3f} {rss} {rc}")
+PY
 measure() { # label, command...
   local label="$1"; shift
-  local log="$bench/time-$label.log"
-  /usr/bin/time -v "$@" > "$bench/out-$label.txt" 2> "$log" || { say "$label: failed (see $log)"; return; }
-  local wall rss
-  wall=$(awk -F': ' '/Elapsed \(wall clock\)/ {print $2}' "$log")
-  rss=$(awk -F': ' '/Maximum resident set size/ {print $2}' "$log")
-  local secs
-  secs=$(echo "$wall" | awk -F: '{ if (NF==3) print $1*3600+$2*60+$3; else print $1*60+$2 }')
-  say "$label: wall ${secs} s, $(awk -v b="$bytes" -v s="$secs" 'BEGIN{printf "%.0f", b/1e6/s}') MB/s, peak RSS $(( rss / 1024 )) MiB ($(awk -v r="$rss" -v b="$bytes" 'BEGIN{printf "%.2f", r*1024/b}') x file size)"
+  local wall rss rc
+  read -r wall rss rc < <(python3 "$bench/measure.py" "$bench/out-$label.txt" "$@")
+  if [[ "$rc" != 0 ]]; then say "$label: failed (exit $rc)"; return; fi
+  say "$label: wall $wall s, $(awk -v b="$bytes" -v s="$wall" 'BEGIN{printf "%.0f", b/1e6/s}') MB/s, peak RSS $(( rss / 1048576 )) MiB ($(awk -v r="$rss" -v b="$bytes" 'BEGIN{printf "%.2f", r/b}') x file size)"
 }
 
-# 2. dflash-analyze: load only (info), three times; then a full breakdown once.
-for i in 1 2 3; do measure "dflash-analyze-info-$i" "$bin" info "$trace"; done
-say "  (its own timer: $(cat "$bench/out-dflash-analyze-info-3.txt"))"
-measure "dflash-analyze-breakdown" "$bin" breakdown --json "$trace"
+# 2. dflash-analyze: load only (info), RUNS times per thread count; then a full breakdown.
+for t in ${THREADS:-0}; do
+  for i in $(seq "$runs"); do
+    measure "info-threads$t-$i" "$bin" --threads "$t" info "$trace"
+    say "  ($(cat "$bench/out-info-threads$t-$i.txt"))"
+  done
+done
+measure "breakdown" "$bin" breakdown --json "$trace"
 
 # 3. Holistic Trace Analysis on the same file.
 if [[ "${SKIP_HTA:-0}" != 1 ]]; then

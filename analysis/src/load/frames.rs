@@ -164,12 +164,23 @@ fn enum_dtype(labels: &[&str]) -> PolarsResult<DataType> {
 /// An Enum column from codes (an unsigned integer series) into `labels`; a plain string
 /// column when two labels decode to the same text (an Enum needs unique categories).
 fn enum_column(name: &str, codes: Series, labels: &[&str]) -> PolarsResult<Column> {
+    enum_column_with(name, codes, labels, enum_dtype(labels))
+}
+
+/// [`enum_column`] with the Enum type of `labels` made beforehand (or the error making it
+/// gave): a type of many labels takes a while to build.
+fn enum_column_with(
+    name: &str,
+    codes: Series,
+    labels: &[&str],
+    dtype: PolarsResult<DataType>,
+) -> PolarsResult<Column> {
     let codes = codes.with_name(name.into());
     let in_range = codes
         .max::<u64>()?
         .is_none_or(|m| (m as usize) < labels.len());
     polars_ensure!(in_range, ComputeError: "`{name}`: a code past the {} labels", labels.len());
-    let Ok(dtype) = enum_dtype(labels) else {
+    let Ok(dtype) = dtype else {
         let codes = codes.cast(&DataType::UInt32)?;
         return Ok(StringChunked::from_iter_values(
             name.into(),
@@ -428,7 +439,7 @@ fn build_spans(raw: Raw, run: &str, warnings: &mut Vec<Warning>) -> PolarsResult
         side.pid,
         side.tid,
         enum_column("track", u32_codes(span_track), &label_refs)?,
-        enum_column("name", u32_codes(span_name), &strings)?,
+        enum_column_with("name", u32_codes(span_name), &strings, side.name_dtype)?,
         cat_column(span_cat, &strings)?,
         kind_col,
         clock_col,
@@ -486,6 +497,8 @@ struct Side {
     tid: Column,
     /// `kind`, `clock`.
     codes: [Column; 2],
+    /// The Enum type of the `name` column (every interned string is a label).
+    name_dtype: PolarsResult<DataType>,
     args: Vec<Column>,
     counters: DataFrame,
 }
@@ -551,6 +564,7 @@ fn side_columns(
         pid,
         tid,
         codes: [kind_col, clock_col],
+        name_dtype: enum_dtype(strings),
         args,
         counters,
     })
