@@ -100,38 +100,41 @@ pub const ENVELOPES: &[&str] = &["drafter.step"];
 
 /// The columns of the spans frame, in order, with what they hold.
 pub const SPAN_COLUMNS: &[(&str, &str)] = &[
-    ("run", "run label (directory name or file stem)"),
-    ("pid", "process id; the device index for GPU tracks"),
-    ("tid", "thread id; the stream for GPU tracks"),
-    ("track", "thread name (unique per pid/tid)"),
-    ("name", "span name"),
-    ("cat", "category as written"),
+    ("run", "run label (directory name or file stem); String"),
+    ("pid", "process id; the device index for GPU tracks; Int64"),
+    ("tid", "thread id; the stream for GPU tracks; Int64"),
+    ("track", "thread name (unique per pid/tid); Enum"),
+    ("name", "span name; Enum"),
+    ("cat", "category as written; Enum"),
     (
         "kind",
-        "cpu | gpu | queue | step | kernel | op | runtime | other",
+        "cpu | gpu | queue | step | kernel | op | runtime | other; Enum",
     ),
-    ("clock", "cpu | gpu: the clock that timed the span"),
-    ("ts", "start, us from the trace base"),
-    ("dur", "inclusive duration, us"),
+    ("clock", "cpu | gpu: the clock that timed the span; Enum"),
+    ("ts", "start, us from the trace base; Float64"),
+    ("dur", "inclusive duration, us; Float64"),
     (
         "self_us",
-        "duration minus the children on the same track, us",
+        "duration minus the children on the same track, us; Float64",
     ),
     (
         "step",
-        "step number (ProfilerStep#N containing it, or args.step on GPU spans)",
+        "step number (ProfilerStep#N containing it, or args.step on GPU spans); Int64",
     ),
-    ("depth", "nesting depth on its track, 0 = outermost"),
-    ("parent", "row index of the enclosing span on the track"),
+    ("depth", "nesting depth on its track, 0 = outermost; UInt32"),
+    (
+        "parent",
+        "row index of the enclosing span on the track; UInt32",
+    ),
     (
         "top_level",
-        "parent is a step, an envelope (drafter.step), or none",
+        "parent is a step, an envelope (drafter.step), or none; Boolean",
     ),
-    ("wait_us", "args.wait_us (queue spans)"),
-    ("queue_depth", "args.depth (queue spans)"),
-    ("tokens", "args.tokens (drafter.step)"),
-    ("loss", "args.loss (drafter.step)"),
-    ("batch", "args.batch"),
+    ("wait_us", "args.wait_us (queue spans); Float64"),
+    ("queue_depth", "args.depth (queue spans); Float32"),
+    ("tokens", "args.tokens (drafter.step); Float32"),
+    ("loss", "args.loss (drafter.step); Float64"),
+    ("batch", "args.batch; Float32"),
 ];
 
 pub(crate) struct Built {

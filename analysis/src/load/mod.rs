@@ -1076,6 +1076,34 @@ mod tests {
     }
 
     #[test]
+    fn span_columns_are_as_documented() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.json");
+        std::fs::write(&path, tricky_trace(60)).unwrap();
+        let t = load_with(&path, 1).unwrap();
+        let got: Vec<(String, String)> = t
+            .spans
+            .columns()
+            .iter()
+            .map(|c| {
+                let dtype = match c.dtype() {
+                    DataType::Enum(..) => "Enum".to_string(),
+                    other => format!("{other:?}"),
+                };
+                (c.name().to_string(), dtype)
+            })
+            .collect();
+        let want: Vec<(String, String)> = SPAN_COLUMNS
+            .iter()
+            .map(|(name, what)| {
+                let dtype = what.rsplit("; ").next().unwrap();
+                (name.to_string(), dtype.to_string())
+            })
+            .collect();
+        assert_eq!(got, want);
+    }
+
+    #[test]
     fn parts_of_a_bare_array() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("t.json");
