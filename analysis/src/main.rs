@@ -21,6 +21,7 @@ enum Outcome {
 }
 
 fn main() -> ExitCode {
+    fixed_mmap_threshold();
     match run() {
         Ok(Outcome::Ok) => ExitCode::SUCCESS,
         Ok(Outcome::Regression) => ExitCode::from(1),
@@ -31,6 +32,21 @@ fn main() -> ExitCode {
             eprintln!("error: {e:#}");
             ExitCode::from(2)
         }
+    }
+}
+
+/// Buffers of 256 KiB and more get pages of their own from the kernel. By default glibc
+/// raises that threshold (up to 32 MiB) after a large buffer is freed, and then serves the
+/// column buffers of a many-part load from its heaps. A buffer regrown there is copied and
+/// its old place stays resident. With a fixed threshold a regrown buffer is remapped
+/// without a copy, and a freed one goes straight back to the kernel. That keeps the peak
+/// memory of a load below the size of the file.
+fn fixed_mmap_threshold() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: mallopt only changes an allocator parameter; it is called before any thread
+    // is started.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 256 << 10);
     }
 }
 
