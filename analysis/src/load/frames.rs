@@ -1,9 +1,10 @@
 //! Turns the raw columns into polars frames: span kinds and clocks, nesting (depth,
 //! parent, self time), and the step of every span.
 //!
-//! Nesting and step lookup walk sorted index arrays before any frame exists: a stack walk
-//! and a binary search are not expressible as column expressions, and doing them here
-//! keeps the frames immutable afterwards.
+//! Nesting and step lookup walk each track's rows in time order before any frame exists:
+//! a stack walk and a moving pointer into step intervals are not expressible as column
+//! expressions, and doing them here keeps the frames immutable afterwards. Columns that do
+//! not depend on the walk are built on a second core meanwhile.
 
 use polars::prelude::*;
 
