@@ -785,10 +785,7 @@ fn track_order(track: &[u32], ts: &[f64], dur: &[f64], tracks: usize) -> TrackOr
         rows[*slot] = row as u32;
         *slot += 1;
     }
-    let by_start = |a: u32, b: u32| {
-        let (a, b) = (a as usize, b as usize);
-        ts[a].total_cmp(&ts[b]).then(dur[b].total_cmp(&dur[a]))
-    };
+    let by_start = |a: u32, b: u32| start_order(ts, dur, a, b);
     // Ascending end, shortest first among equal ends: reversed, that is start order in
     // mirrored time.
     let by_end = |a: u32, b: u32| {
@@ -818,12 +815,15 @@ fn track_order(track: &[u32], ts: &[f64], dur: &[f64], tracks: usize) -> TrackOr
     TrackOrder { rows, groups }
 }
 
-/// Sorts rows by (ts, longest first); stable, and fast on runs already in order.
+/// Start order, as Perfetto nests: by ts, the longest first among equal starts.
+fn start_order(ts: &[f64], dur: &[f64], a: u32, b: u32) -> std::cmp::Ordering {
+    let (a, b) = (a as usize, b as usize);
+    ts[a].total_cmp(&ts[b]).then(dur[b].total_cmp(&dur[a]))
+}
+
+/// Sorts rows into [`start_order`]; stable, and fast on runs already in order.
 fn sort_by_start(rows: &mut [u32], ts: &[f64], dur: &[f64]) {
-    rows.sort_by(|&a, &b| {
-        let (a, b) = (a as usize, b as usize);
-        ts[a].total_cmp(&ts[b]).then(dur[b].total_cmp(&dur[a]))
-    });
+    rows.sort_by(|&a, &b| start_order(ts, dur, a, b));
 }
 
 /// (pid, tid, unique label, process name) per track id.
