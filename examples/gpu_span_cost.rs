@@ -8,7 +8,7 @@ use std::time::Instant;
 use dflash::cuda;
 use dflash::trace::{self, GpuBackend, Recorder, RecorderConfig};
 
-fn per_span_ns(rec: &Recorder, rounds: usize, batch: usize, f: impl Fn()) -> (f64, f64) {
+fn per_span_ns(rec: &Recorder, rounds: usize, batch: usize, mut f: impl FnMut()) -> (f64, f64) {
     let mut samples = Vec::with_capacity(rounds);
     for _ in 0..rounds {
         let t = Instant::now();
@@ -50,9 +50,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     per_span_ns(&rec, 5, 500, || drop(trace::gpu_span(name)));
     let (gmin, gmed) = per_span_ns(&rec, 50, 500, || drop(trace::gpu_span(name)));
     let (cmin, cmed) = per_span_ns(&rec, 50, 500, || drop(trace::span(cpu)));
-    trace::set_gpu_event_reuse_window(std::time::Duration::ZERO);
+    trace::set_gpu_event_reuse_window(Some(std::time::Duration::ZERO));
     let (nmin, nmed) = per_span_ns(&rec, 50, 500, || drop(trace::gpu_span(name)));
-    trace::set_gpu_event_reuse_window(std::time::Duration::from_nanos(200));
+    trace::set_gpu_event_reuse_window(None);
     println!("gpu_span, back to back:     best {gmin:.0} ns, median {gmed:.0} ns per span");
     println!("gpu_span, 2 records each:   best {nmin:.0} ns, median {nmed:.0} ns per span");
     println!("cpu span:                   best {cmin:.0} ns, median {cmed:.0} ns per span");
@@ -76,10 +76,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let (kmin, kmed) = per_span_ns(&rec, 50, 200, || {
         let _ = x.g_add_scalar(1.0);
     });
+    let c0 = rec.stats_snapshot().gpu_cost;
     let (smin, smed) = per_span_ns(&rec, 50, 200, || {
         let _s = trace::gpu_span(name);
         let _ = x.g_add_scalar(1.0);
     });
+    let chained = cost_since(&rec, c0);
     // A CPU gap after each span: no event to share with the next one.
     let gap = || {
         let t = Instant::now();
@@ -89,6 +91,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let _ = x.g_add_scalar(1.0);
         gap();
     });
+    let c0 = rec.stats_snapshot().gpu_cost;
     let (gsmin, gsmed) = per_span_ns(&rec, 50, 200, || {
         {
             let _s = trace::gpu_span(name);
@@ -96,6 +99,41 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
         gap();
     });
+    let apart = cost_since(&rec, c0);
+    // As in training: CPU work between the launches evicts the driver's data from the
+    // caches, and another thread launches kernels on its own stream meanwhile.
+    let mut junk = vec![0u8; 8 << 20];
+    let mut k = 0u8;
+    let c0 = rec.stats_snapshot().gpu_cost;
+    per_span_ns(&rec, 20, 200, || {
+        let _s = trace::gpu_span(name);
+        let _ = x.g_add_scalar(1.0);
+        k = k.wrapping_add(1);
+        junk.iter_mut().step_by(64).for_each(|b| *b = k);
+    });
+    let polluted = cost_since(&rec, c0);
+    let busy = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let other = {
+        let busy = busy.clone();
+        std::thread::spawn(move || -> Result<(), cuda::CudaError> {
+            let s = cuda::use_new_stream(0)?;
+            let y = tch::Tensor::zeros([1024], (tch::Kind::Float, tch::Device::Cuda(0)));
+            while busy.load(std::sync::atomic::Ordering::Relaxed) {
+                let _ = y.g_add_scalar(1.0);
+                let _ = s.synchronize();
+            }
+            Ok(())
+        })
+    };
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    let c0 = rec.stats_snapshot().gpu_cost;
+    per_span_ns(&rec, 50, 200, || {
+        let _s = trace::gpu_span(name);
+        let _ = x.g_add_scalar(1.0);
+    });
+    let contended = cost_since(&rec, c0);
+    busy.store(false, std::sync::atomic::Ordering::Relaxed);
+    let _ = other.join();
     stream.synchronize()?;
     println!("kernel launch alone:        best {kmin:.0} ns, median {kmed:.0} ns");
     println!(
@@ -108,10 +146,111 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         gsmin - gkmin,
         gsmed - gkmed
     );
+    println!(
+        "in the recorder, per span around a launch (its begin + end, as the recorder times them; reuse window {} ns):",
+        trace::reuse_window_ns()
+    );
+    for (what, c) in [
+        ("back to back", chained),
+        ("1 us gap after each", apart),
+        ("8 MB of CPU writes after each", polluted),
+        ("another thread launching", contended),
+    ] {
+        println!(
+            "  {what:<30} {:.0} ns, {:.2} events recorded per span",
+            c.cpu_ns_per_span(),
+            c.events_per_span()
+        );
+    }
+    host_call_costs(&stream, &x)?;
     let s = rec.finish()?;
     println!(
         "gpu spans written {}, dropped {}, errors {}",
         s.gpu_spans, s.gpu_spans_dropped, s.gpu_errors
     );
     Ok(())
+}
+
+/// Best and median ns of `call`, timed one call at a time, with `before` (untimed) run
+/// ahead of each call.
+fn each_call_ns(rounds: usize, mut before: impl FnMut(), mut call: impl FnMut()) -> (f64, f64) {
+    let mut samples = Vec::with_capacity(rounds);
+    for _ in 0..rounds {
+        before();
+        let t = Instant::now();
+        call();
+        samples.push(t.elapsed().as_nanos() as f64);
+    }
+    samples.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    (samples[0], samples[samples.len() / 2])
+}
+
+/// What a single driver call costs on this host, and what makes an event record dearer
+/// right after a launch: a call that queues nothing (querying a completed event), a
+/// record on an idle stream, a record right after a kernel launch, and a record after
+/// CPU work that evicts the driver's data from the caches.
+fn host_call_costs(
+    stream: &cuda::Stream,
+    x: &tch::Tensor,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let ev = cuda::Event::new(0)?;
+    ev.record(stream)?;
+    stream.synchronize()?;
+    let n = 2000;
+    let (qmin, qmed) = each_call_ns(
+        n,
+        || {},
+        || {
+            let _ = ev.query();
+        },
+    );
+    let (imin, imed) = each_call_ns(
+        n,
+        || {},
+        || {
+            let _ = ev.record(stream);
+        },
+    );
+    stream.synchronize()?;
+    let (lmin, lmed) = each_call_ns(
+        n,
+        || {
+            let _ = x.g_add_scalar(1.0);
+        },
+        || {
+            let _ = ev.record(stream);
+        },
+    );
+    stream.synchronize()?;
+    let mut junk = vec![0u8; 8 << 20];
+    let mut k = 0u8;
+    let (cmin, cmed) = each_call_ns(
+        n,
+        || {
+            k = k.wrapping_add(1);
+            junk.iter_mut().step_by(64).for_each(|b| *b = k);
+        },
+        || {
+            let _ = ev.record(stream);
+        },
+    );
+    stream.synchronize()?;
+    println!("-- single calls on this host (best / median ns) --");
+    println!("event query (queues nothing): {qmin:.0} / {qmed:.0}");
+    println!("event record, idle stream:    {imin:.0} / {imed:.0}");
+    println!("event record after a launch:  {lmin:.0} / {lmed:.0}");
+    println!("event record after 8 MB of CPU writes: {cmin:.0} / {cmed:.0}");
+    Ok(())
+}
+
+/// The recorder's own GPU-timing cost counters since `before`.
+fn cost_since(rec: &Recorder, before: trace::GpuTimingCost) -> trace::GpuTimingCost {
+    let now = rec.stats_snapshot().gpu_cost;
+    trace::GpuTimingCost {
+        spans: now.spans - before.spans,
+        cpu_ns: now.cpu_ns - before.cpu_ns,
+        events_recorded: now.events_recorded - before.events_recorded,
+        events_reused: now.events_reused - before.events_reused,
+        reuse_window_ns: now.reuse_window_ns,
+    }
 }

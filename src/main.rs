@@ -144,6 +144,15 @@ fn train(args: TrainArgs) -> anyhow::Result<()> {
                 b.loss, a.loss, b.accuracy, a.accuracy, b.tau_hat, a.tau_hat
             );
         }
+        if let Some(c) = &report.trace_gpu_cost {
+            eprintln!(
+                "GPU timing cost: {} GPU-timed spans, {:.2} us of CPU each, {:.2} events recorded per span (reuse window {} ns)",
+                c.spans,
+                c.cpu_ns_per_span() / 1e3,
+                c.events_per_span(),
+                c.reuse_window_ns
+            );
+        }
         if let Some(t) = &report.trace {
             eprintln!(
                 "trace: {} (open in https://ui.perfetto.dev, or run dflash-analyze breakdown {})",

@@ -720,7 +720,7 @@ fn back_to_back_gpu_spans_share_boundary_events() {
     struct Window;
     impl Drop for Window {
         fn drop(&mut self) {
-            trace::set_gpu_event_reuse_window(Duration::from_nanos(200));
+            trace::set_gpu_event_reuse_window(None);
             MockGpu::set_current_stream(7);
         }
     }
@@ -733,6 +733,9 @@ fn back_to_back_gpu_spans_share_boundary_events() {
         Duration::from_micros(5),
         Duration::from_micros(20),
     ));
+    // Each record spins this long, so the cost counters must see it.
+    let record_cost = Duration::from_micros(100);
+    gpu.set_record_cost(record_cost);
     let mut cfg = config(&path);
     cfg.gpu = Some(gpu.clone());
     let rec = Recorder::start(cfg).unwrap();
@@ -740,7 +743,7 @@ fn back_to_back_gpu_spans_share_boundary_events() {
     trace::bind_gpu(0, "shared");
     // Each span "works" (sleeps) far longer than the window, which in turn is far longer
     // than a slow build takes from one span's end to the next one's begin.
-    trace::set_gpu_event_reuse_window(Duration::from_millis(20));
+    trace::set_gpu_event_reuse_window(Some(Duration::from_millis(20)));
     let work = Duration::from_millis(40);
     let (a, b, c) = (
         trace::intern("share.a"),
@@ -772,11 +775,24 @@ fn back_to_back_gpu_spans_share_boundary_events() {
         1,
         "begin recorded afresh, end shared"
     );
-    trace::set_gpu_event_reuse_window(Duration::ZERO);
+    trace::set_gpu_event_reuse_window(Some(Duration::ZERO));
     let before = gpu.recorded();
     drop(trace::gpu_span(c));
     assert_eq!(gpu.recorded() - before, 2, "no reuse with a zero window");
-    rec.finish().unwrap();
+    let summary = rec.finish().unwrap();
+    // 11 spans, 22 boundaries: 9 + 1 + 2 recorded, the rest reused.
+    let cost = summary.gpu_cost;
+    assert_eq!(
+        (cost.spans, cost.events_recorded, cost.events_reused),
+        (11, 12, 10)
+    );
+    assert_eq!(cost.reuse_window_ns, 0);
+    // Every record's spin is counted; the spans' own work (8 x 40 ms of sleep) is not.
+    assert!(
+        cost.cpu_ns >= 12 * record_cost.as_nanos() as u64,
+        "{cost:?}"
+    );
+    assert!(cost.cpu_ns < 100_000_000, "{cost:?}");
     trace::unbind_gpu();
     assert_eq!(
         gpu.outstanding(),
@@ -813,4 +829,48 @@ fn back_to_back_gpu_spans_share_boundary_events() {
             w[1]
         );
     }
+}
+
+/// Binding a thread fills the device's event pool. The reuse window is calibrated from
+/// the backend's cheapest event record (half of it, within [200 ns, 2 us]) unless one
+/// was set; a new recorder calibrates afresh.
+#[test]
+fn binding_fills_the_pool_and_calibrates_the_reuse_window() {
+    let _g = lock();
+    trace::set_gpu_event_reuse_window(None);
+    let dir = tempfile::tempdir().unwrap();
+    let run = |cost: Duration| {
+        let gpu = Arc::new(MockGpu::new(1, Duration::ZERO, Duration::ZERO));
+        gpu.set_record_cost(cost);
+        let mut cfg = config(&dir.path().join("t.json"));
+        cfg.gpu = Some(gpu);
+        let rec = Recorder::start(cfg).unwrap();
+        trace::bind_gpu(0, "w");
+        let window = trace::reuse_window_ns();
+        trace::unbind_gpu();
+        let end = rec.finish().unwrap().gpu_cost.reuse_window_ns;
+        assert_eq!(window, end);
+        window
+    };
+    // Binding also fills the event pool, so spans never create events themselves.
+    let gpu = Arc::new(MockGpu::new(1, Duration::ZERO, Duration::ZERO));
+    let mut cfg = config(&dir.path().join("t.json"));
+    cfg.gpu = Some(gpu.clone());
+    let rec = Recorder::start(cfg).unwrap();
+    trace::bind_gpu(0, "w");
+    let created = gpu.created();
+    assert!(created >= 1024, "{created}");
+    for _ in 0..300 {
+        drop(trace::gpu_span(trace::intern("pool")));
+    }
+    assert_eq!(gpu.created(), created);
+    trace::unbind_gpu();
+    rec.finish().unwrap();
+    let w = run(Duration::from_micros(1));
+    assert!((500..=2_000).contains(&w), "1 us records: {w}");
+    let w = run(Duration::from_millis(1));
+    assert_eq!(w, 2_000, "capped");
+    trace::set_gpu_event_reuse_window(Some(Duration::from_nanos(300)));
+    assert_eq!(run(Duration::from_millis(1)), 300, "a set window wins");
+    trace::set_gpu_event_reuse_window(None);
 }

@@ -458,6 +458,23 @@ impl GpuBackend for CudaEvents {
         query_raw(event.0 as *mut c_void).map_err(gpu_err)
     }
 
+    fn reserve(&self, device: usize, free: usize) {
+        let Some(pool) = self.pools.get(device) else {
+            return;
+        };
+        let missing = free.saturating_sub(lock(pool).len());
+        // Created outside the pool's lock, so records on other threads are not held up.
+        let mut made = Vec::with_capacity(missing);
+        for _ in 0..missing {
+            match create_event(device) {
+                Ok(e) => made.push(e as usize),
+                Err(_) => break,
+            }
+        }
+        lock(&self.created[device]).extend_from_slice(&made);
+        lock(pool).extend(made);
+    }
+
     fn elapsed_ms(&self, start: GpuEvent, end: GpuEvent) -> Result<f64, GpuError> {
         elapsed_raw(start.0 as *mut c_void, end.0 as *mut c_void)
             .map(f64::from)

@@ -83,6 +83,11 @@ pub trait GpuBackend: Send + Sync {
 
     /// Returns `event` to the pool of `device`.
     fn release(&self, device: usize, event: GpuEvent);
+
+    /// Makes sure at least `free` events wait in the pool of `device`, so that records
+    /// on the training threads do not create them (creating an event is a driver call
+    /// of its own). Cold: called when a device is first calibrated and by the writer.
+    fn reserve(&self, _device: usize, _free: usize) {}
 }
 
 /// The backend of the running recorder.
@@ -132,11 +137,15 @@ const CAL_HISTORY: usize = 64;
 /// A calibration whose event took longer than this to be seen complete is too loose to
 /// replace an existing one.
 const CAL_MAX_WINDOW_NS: u64 = 200_000;
+/// Events kept free in each calibrated device's pool ([`GpuBackend::reserve`]): more than
+/// a busy trainer records between two writer passes.
+pub(crate) const RESERVE_EVENTS: usize = 1024;
 /// How long a calibration polls before giving up.
 const CAL_TIMEOUT: Duration = Duration::from_millis(50);
 
 /// Forgets all calibrations (a new recorder starts with a new backend).
 pub(crate) fn reset() {
+    REUSE_CALIBRATED_NS.store(0, Ordering::Relaxed);
     let mut c = cals();
     c.devices.clear();
     c.next_epoch = 0;
@@ -170,6 +179,9 @@ pub(crate) fn ensure_calibrated(device: usize) {
     if let Some(b) = backend() {
         if calibrate(&*b, device).is_err() {
             GPU_ERRORS.fetch_add(1, Ordering::Relaxed);
+        } else {
+            b.reserve(device, RESERVE_EVENTS);
+            calibrate_reuse_window(&*b, device);
         }
     }
 }
@@ -247,7 +259,8 @@ pub(crate) fn prune(b: &dyn GpuBackend, device: usize, keep_from: Option<u32>) {
 }
 
 /// A recording thread's most recent span event. The next GPU-timed span boundary on that
-/// thread reuses it instead of recording a new one when it comes within [`REUSE_NS`] on
+/// thread reuses it instead of recording a new one when the thread's own code ran for
+/// less than the reuse window (see [`reuse_window_ns`]) since the recorder returned, on
 /// the same device and stream: nothing can have been queued on the stream in between
 /// (queuing any work takes longer than that), so a new event would complete at the same
 /// moment. Back-to-back sections (one ends, the next begins; an inner span ends, then
@@ -265,22 +278,99 @@ pub(crate) struct LastRecord {
 
 impl LastRecord {
     /// The thread's code runs again from now on (called as the recorder returns).
-    pub(crate) fn touch(&mut self) {
+    /// Returns the clock reading it took.
+    pub(crate) fn touch(&mut self) -> u64 {
         self.after = now();
+        self.after
     }
 }
 
-/// See [`LastRecord`]. Well below the CPU cost of queuing anything on a stream.
+/// The smallest reuse window (see [`LastRecord`]): far below the CPU cost of queuing
+/// anything on a stream on any host.
 pub(crate) const REUSE_NS: u64 = 200;
-static REUSE_WINDOW_NS: AtomicU64 = AtomicU64::new(REUSE_NS);
+/// The largest window a calibration may set.
+const REUSE_MAX_NS: u64 = 2_000;
+/// The window measured at calibration: half the cheapest event record seen on this host
+/// (queuing any work, a kernel launch included, costs at least one such record), and
+/// never below [`REUSE_NS`]. Zero: not calibrated, [`REUSE_NS`] holds.
+static REUSE_CALIBRATED_NS: AtomicU64 = AtomicU64::new(0);
+/// A window set by [`set_gpu_event_reuse_window`]; `u64::MAX`: none.
+static REUSE_OVERRIDE_NS: AtomicU64 = AtomicU64::new(u64::MAX);
 
 /// Sets the window within which a span boundary reuses its thread's previous GPU event
-/// (default 200 ns; zero: never). For tests, which need a deterministic window on slow
-/// builds; a window longer than the time to queue work on a stream mis-times spans.
+/// (zero: never); `None` goes back to the calibrated window. For tests and benchmarks,
+/// which need a deterministic window; a window longer than the time to queue work on a
+/// stream mis-times spans.
 #[doc(hidden)]
-pub fn set_gpu_event_reuse_window(window: Duration) {
-    REUSE_WINDOW_NS.store(window.as_nanos() as u64, Ordering::Relaxed);
+pub fn set_gpu_event_reuse_window(window: Option<Duration>) {
+    let ns = window.map_or(u64::MAX, |w| (w.as_nanos() as u64).min(u64::MAX - 1));
+    REUSE_OVERRIDE_NS.store(ns, Ordering::Relaxed);
 }
+
+/// The reuse window in force, in ns.
+pub fn reuse_window_ns() -> u64 {
+    match REUSE_OVERRIDE_NS.load(Ordering::Relaxed) {
+        u64::MAX => match REUSE_CALIBRATED_NS.load(Ordering::Relaxed) {
+            0 => REUSE_NS,
+            ns => ns,
+        },
+        ns => ns,
+    }
+}
+
+/// Times a few event records on the backend's calibration stream and sets the reuse
+/// window from the cheapest (see [`REUSE_CALIBRATED_NS`]). Cold: at a device's first
+/// calibration.
+fn calibrate_reuse_window(b: &dyn GpuBackend, device: usize) {
+    let mut best = u64::MAX;
+    for _ in 0..8 {
+        let t0 = now();
+        let Ok(ev) = b.record_calibration(device) else {
+            return;
+        };
+        best = best.min(delta_ns(t0, now()));
+        b.release(device, ev);
+    }
+    let window = (best / 2).clamp(REUSE_NS, REUSE_MAX_NS);
+    // Several devices: the smallest window holds for all of them.
+    let _ = REUSE_CALIBRATED_NS.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |w| {
+        Some(if w == 0 { window } else { w.min(window) })
+    });
+}
+
+/// A recording thread's GPU-timing state: its latest event, and running totals of what
+/// GPU timing has cost it (published to its registry slot at each GPU span's end).
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct ThreadGpu {
+    pub last: Option<LastRecord>,
+    /// GPU-timed spans ended with both events, and the clock ticks their begins and ends
+    /// spent in the recorder.
+    pub spans: u64,
+    pub ticks: u64,
+    /// Span boundaries that recorded a new event, and those that reused `last`.
+    pub recorded: u64,
+    pub reused: u64,
+}
+
+impl ThreadGpu {
+    pub(crate) const fn new() -> Self {
+        ThreadGpu {
+            last: None,
+            spans: 0,
+            ticks: 0,
+            recorded: 0,
+            reused: 0,
+        }
+    }
+
+    /// The totals in [`COST_FIELDS`] order.
+    pub(crate) fn totals(&self) -> [u64; COST_FIELDS] {
+        [self.spans, self.ticks, self.recorded, self.reused]
+    }
+}
+
+/// Counters per thread: spans, ticks, events recorded, events reused.
+pub(crate) const COST_FIELDS: usize = 4;
 
 /// Bumped when a recorder finishes: events of an earlier recorder are never reused or
 /// released again.
@@ -333,28 +423,30 @@ fn release_held(b: &dyn GpuBackend) {
 fn record_boundary(
     b: &dyn GpuBackend,
     device: usize,
-    last: &mut Option<LastRecord>,
+    t: &mut ThreadGpu,
     entered: u64,
 ) -> Option<(u64, u64, u32)> {
     let gen = GEN.load(Ordering::Acquire);
-    if let Some(l) = *last {
+    if let Some(l) = t.last {
         if l.gen == gen
             && l.device as usize == device
-            && delta_ns(l.after, entered) < REUSE_WINDOW_NS.load(Ordering::Relaxed)
+            && delta_ns(l.after, entered) < reuse_window_ns()
             && b.current_stream(device).ok() == Some(l.stream)
         {
             if let Some(n) = refs().get_mut(&(gen, l.device, l.event)) {
                 *n += 1;
+                t.reused += 1;
                 return Some((l.event, l.stream, gen));
             }
         }
     }
     match b.record(device) {
         Ok((ev, stream)) => {
+            t.recorded += 1;
             let after = now();
             // Held by the span and by `last`.
             refs().insert((gen, device as u32, ev.0), 2);
-            if let Some(old) = last.replace(LastRecord {
+            if let Some(old) = t.last.replace(LastRecord {
                 event: ev.0,
                 stream,
                 device: device as u32,
@@ -378,7 +470,7 @@ pub(crate) fn record_begin(
     device: usize,
     tree: u32,
     root: bool,
-    last: &mut Option<LastRecord>,
+    t: &mut ThreadGpu,
     entered: u64,
 ) -> Option<GpuPart> {
     let epoch = DEVICE_EPOCH.get(device)?.load(Ordering::Acquire);
@@ -387,7 +479,7 @@ pub(crate) fn record_begin(
     }
     let guard = BACKEND.read().unwrap_or_else(|p| p.into_inner());
     let b = guard.as_ref()?;
-    let (begin, stream, gen) = record_boundary(&**b, device, last, entered)?;
+    let (begin, stream, gen) = record_boundary(&**b, device, t, entered)?;
     Some(GpuPart {
         begin,
         end: 0,
@@ -402,12 +494,12 @@ pub(crate) fn record_begin(
 
 /// End half: an event on the thread's current stream. On failure drops the begin event
 /// and returns false (the span stays CPU-only).
-pub(crate) fn record_end(g: &mut GpuPart, last: &mut Option<LastRecord>, entered: u64) -> bool {
+pub(crate) fn record_end(g: &mut GpuPart, t: &mut ThreadGpu, entered: u64) -> bool {
     let guard = BACKEND.read().unwrap_or_else(|p| p.into_inner());
     let Some(b) = guard.as_ref() else {
         return false;
     };
-    match record_boundary(&**b, g.device as usize, last, entered) {
+    match record_boundary(&**b, g.device as usize, t, entered) {
         Some((ev, _, gen)) if gen == g.gen => {
             g.end = ev;
             true

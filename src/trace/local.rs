@@ -28,12 +28,54 @@ pub(crate) static RUNNING: AtomicBool = AtomicBool::new(false);
 pub(crate) static DROPPED: AtomicU64 = AtomicU64::new(0);
 /// GPU events that could not be recorded; those spans stay CPU-only.
 pub(crate) static GPU_ERRORS: AtomicU64 = AtomicU64::new(0);
+/// GPU-timing cost totals ([`gpu::ThreadGpu::totals`]) of threads that have left the
+/// registry, and the grand totals when the recorder started (the counters only grow).
+static RETIRED_COST: [AtomicU64; gpu::COST_FIELDS] =
+    [const { AtomicU64::new(0) }; gpu::COST_FIELDS];
+static BASELINE_COST: [AtomicU64; gpu::COST_FIELDS] =
+    [const { AtomicU64::new(0) }; gpu::COST_FIELDS];
 static NEXT_FLOW: AtomicU64 = AtomicU64::new(1);
 static NEXT_TID: AtomicU32 = AtomicU32::new(1);
 
 /// Ring slots per thread, drained by the writer every <= 100 ms. A plain span takes one
 /// slot (<= 64 bytes), so this holds >= 2048 spans (typically 8192) in ~0.5 MB per recording thread.
 pub(crate) const RING_SLOTS: usize = 8192;
+
+/// Every thread's GPU-timing totals since the process started.
+fn cost_totals() -> [u64; gpu::COST_FIELDS] {
+    let reg = REGISTRY.lock().unwrap_or_else(|p| p.into_inner());
+    let mut t: [u64; gpu::COST_FIELDS] =
+        std::array::from_fn(|i| RETIRED_COST[i].load(Ordering::Relaxed));
+    for slot in reg.iter() {
+        for (i, c) in slot.gpu_cost.iter().enumerate() {
+            t[i] += c.load(Ordering::Relaxed);
+        }
+    }
+    t
+}
+
+/// What GPU timing has cost the recording threads since the recorder started
+/// ([`GpuTimingCost`](super::GpuTimingCost)). Each thread's share is as of its latest
+/// GPU-timed span's end.
+pub(crate) fn gpu_timing_cost() -> super::GpuTimingCost {
+    let t = cost_totals();
+    let d: [u64; gpu::COST_FIELDS] =
+        std::array::from_fn(|i| t[i].saturating_sub(BASELINE_COST[i].load(Ordering::Relaxed)));
+    super::GpuTimingCost {
+        spans: d[0],
+        cpu_ns: super::clock::delta_ns(0, d[1]),
+        events_recorded: d[2],
+        events_reused: d[3],
+        reuse_window_ns: gpu::reuse_window_ns(),
+    }
+}
+
+/// Starts [`gpu_timing_cost`] from zero (a recorder starts).
+pub(crate) fn reset_gpu_timing_cost() {
+    for (b, t) in BASELINE_COST.iter().zip(cost_totals()) {
+        b.store(t, Ordering::Relaxed);
+    }
+}
 
 /// True while the recorder is started and active. One relaxed load: ~0.3 ns.
 #[inline(always)]
@@ -53,6 +95,9 @@ pub(crate) struct ThreadSlot {
     /// The consumer end of the thread's ring, made at its first recorded event.
     pub ring: Mutex<Option<Consumer>>,
     pub alive: AtomicBool,
+    /// The thread's [`gpu::ThreadGpu::totals`], stored (not added: one writer) at each
+    /// of its GPU-timed spans' end.
+    pub gpu_cost: [AtomicU64; gpu::COST_FIELDS],
 }
 
 pub(crate) struct ThreadMeta {
@@ -76,12 +121,17 @@ pub(crate) fn registry() -> Vec<Arc<ThreadSlot>> {
     REGISTRY.lock().unwrap_or_else(|p| p.into_inner()).clone()
 }
 
-/// Forgets a thread that has exited and whose ring is empty.
+/// Forgets a thread that has exited and whose ring is empty (its GPU-timing totals
+/// move to the retired ones).
 pub(crate) fn unregister(slot: &Arc<ThreadSlot>) {
-    REGISTRY
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .retain(|s| !Arc::ptr_eq(s, slot));
+    let mut reg = REGISTRY.lock().unwrap_or_else(|p| p.into_inner());
+    let before = reg.len();
+    reg.retain(|s| !Arc::ptr_eq(s, slot));
+    if reg.len() < before {
+        for (r, c) in RETIRED_COST.iter().zip(&slot.gpu_cost) {
+            r.fetch_add(c.load(Ordering::Relaxed), Ordering::Relaxed);
+        }
+    }
 }
 
 /// The thread's recorder state. Touched only when a span ends (to push its event) and by
@@ -101,8 +151,9 @@ struct Local {
     gpu_depth: u32,
     gpu_tree: u32,
     next_tree: u32,
-    /// The thread's latest GPU event, reusable by the next span boundary.
-    last_gpu: Option<gpu::LastRecord>,
+    /// The thread's latest GPU event (reusable by the next span boundary) and what GPU
+    /// timing has cost it.
+    gpu: gpu::ThreadGpu,
 }
 
 fn new_slot() -> Arc<ThreadSlot> {
@@ -121,6 +172,7 @@ fn new_slot() -> Arc<ThreadSlot> {
         }),
         ring: Mutex::new(None),
         alive: AtomicBool::new(true),
+        gpu_cost: [const { AtomicU64::new(0) }; gpu::COST_FIELDS],
     });
     REGISTRY
         .lock()
@@ -202,7 +254,7 @@ impl Local {
             gpu_depth: 0,
             gpu_tree: 0,
             next_tree: 0,
-            last_gpu: None,
+            gpu: gpu::ThreadGpu::new(),
         }
     }
 
@@ -463,7 +515,7 @@ fn end_slow(r: &Rec, kind: Kind, end: u64) {
             if let Some(k) = l.gpus.iter().rposition(|g| g.0 == start) {
                 let (_, mut g, step) = l.gpus.remove(k);
                 l.gpu_depth = l.gpu_depth.saturating_sub(1);
-                if gpu::record_end(&mut g, &mut l.last_gpu, end) {
+                if gpu::record_end(&mut g, &mut l.gpu, end) {
                     head.gpu = true;
                     head.aux = step;
                     part = Some(g);
@@ -492,23 +544,31 @@ fn end_slow(r: &Rec, kind: Kind, end: u64) {
         }
         (args, n, part)
     });
+    let mut timed = false;
     if let Ok((args, n, part)) = gathered {
         head.nargs = n as u8;
+        timed = part.is_some();
         push(head, &args[..n], part);
     }
     if r.gpu {
-        touch_last_gpu();
+        // The last thing the recorder does on a GPU-timed path: the thread's latest event
+        // is handed back to its code now (see `gpu::LastRecord`).
+        let _ = LOCAL.try_with(|l| {
+            let mut l = l.borrow_mut();
+            let l = &mut *l;
+            let Some(t) = l.gpu.last.as_mut().map(|last| last.touch()) else {
+                return;
+            };
+            if timed {
+                l.gpu.ticks += t.saturating_sub(end);
+                l.gpu.spans += 1;
+                let totals = l.gpu.totals();
+                for (c, v) in l.slot().gpu_cost.iter().zip(totals) {
+                    c.store(v, Ordering::Relaxed);
+                }
+            }
+        });
     }
-}
-
-/// Marks the thread's latest GPU event as handed back to the thread's code now (see
-/// `gpu::LastRecord`): the last thing the recorder does on a GPU-timed path.
-fn touch_last_gpu() {
-    let _ = LOCAL.try_with(|l| {
-        if let Some(last) = l.borrow_mut().last_gpu.as_mut() {
-            last.touch();
-        }
-    });
 }
 
 /// A CPU span (`cat:"cpu"`) on this thread's track.
@@ -568,7 +628,7 @@ pub fn gpu_span(name: Name) -> Span {
                 l.gpu_tree = l.next_tree;
             }
             let tree = l.gpu_tree;
-            let Some(part) = gpu::record_begin(device, tree, root, &mut l.last_gpu, r.start) else {
+            let Some(part) = gpu::record_begin(device, tree, root, &mut l.gpu, r.start) else {
                 return;
             };
             r.gpu = true;
@@ -578,8 +638,9 @@ pub fn gpu_span(name: Name) -> Span {
             let step = l.step;
             l.gpus.push((r.start, part, step));
             l.gpu_depth += 1;
-            if let Some(last) = l.last_gpu.as_mut() {
-                last.touch();
+            if let Some(last) = l.gpu.last.as_mut() {
+                let t = last.touch();
+                l.gpu.ticks += t.saturating_sub(r.start);
             }
         });
     }

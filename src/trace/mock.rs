@@ -5,7 +5,7 @@
 //! completes once the host clock passes that time (unless [`MockGpu::hold`] is set).
 use std::cell::Cell;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -45,6 +45,8 @@ pub struct MockGpu {
     cal_skew_ns: AtomicI64,
     hold: AtomicBool,
     fail: AtomicBool,
+    /// CPU time each record takes (spun), in ns.
+    record_cost_ns: AtomicU64,
     state: Mutex<State>,
 }
 
@@ -58,6 +60,7 @@ impl MockGpu {
             cal_skew_ns: AtomicI64::new(0),
             hold: AtomicBool::new(false),
             fail: AtomicBool::new(false),
+            record_cost_ns: AtomicU64::new(0),
             state: Mutex::new(State::default()),
         }
     }
@@ -81,10 +84,32 @@ impl MockGpu {
         self.fail.store(on, Ordering::Relaxed);
     }
 
+    /// Makes every record (span and calibration events) take `cost` of CPU time, as a
+    /// real driver call does.
+    pub fn set_record_cost(&self, cost: Duration) {
+        self.record_cost_ns
+            .store(cost.as_nanos() as u64, Ordering::Relaxed);
+    }
+
+    fn spend_record_cost(&self) {
+        let ns = self.record_cost_ns.load(Ordering::Relaxed);
+        if ns > 0 {
+            let t = Instant::now();
+            while (t.elapsed().as_nanos() as u64) < ns {
+                std::hint::spin_loop();
+            }
+        }
+    }
+
     /// Events taken from the pool and not yet released.
     pub fn outstanding(&self) -> usize {
         let s = self.lock();
         s.events.iter().filter(|e| e.in_use).count()
+    }
+
+    /// Events created so far (the pool's size).
+    pub fn created(&self) -> usize {
+        self.lock().events.len()
     }
 
     /// Events recorded so far (calibrations included).
@@ -161,6 +186,7 @@ impl GpuBackend for MockGpu {
                 message: "scripted failure".into(),
             });
         }
+        self.spend_record_cost();
         let stream = STREAM.with(Cell::get);
         let now = self.host_ns();
         let mut s = self.lock();
@@ -181,6 +207,7 @@ impl GpuBackend for MockGpu {
                 message: format!("no device {device}"),
             });
         }
+        self.spend_record_cost();
         let now = self.host_ns();
         let skew = self.cal_skew_ns.load(Ordering::Relaxed);
         let mut s = self.lock();
@@ -203,6 +230,19 @@ impl GpuBackend for MockGpu {
         let a = self.get(&s, start)?;
         let b = self.get(&s, end)?;
         Ok((b.gpu_ns - a.gpu_ns) as f64 / 1e6)
+    }
+
+    fn reserve(&self, _device: usize, free: usize) {
+        let mut s = self.lock();
+        while s.free.len() < free {
+            s.events.push(Ev {
+                gpu_ns: 0,
+                done_ns: 0,
+                in_use: false,
+            });
+            let i = s.events.len() - 1;
+            s.free.push(i);
+        }
     }
 
     fn release(&self, _device: usize, ev: GpuEvent) {

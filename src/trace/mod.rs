@@ -46,7 +46,8 @@ use std::sync::Arc;
 
 pub use event::{ArgValue, MAX_ARGS};
 pub use gpu::{
-    set_gpu_event_reuse_window, DeviceProperties, GpuBackend, GpuError, GpuEvent, MAX_DEVICES,
+    reuse_window_ns, set_gpu_event_reuse_window, DeviceProperties, GpuBackend, GpuError, GpuEvent,
+    MAX_DEVICES,
 };
 pub use local::{
     bind_gpu, counter, enabled, gpu_span, next_flow_id, queue_span, set_thread_name,
@@ -78,6 +79,8 @@ pub struct Stats {
     pub dropped_events: u64,
     /// GPU events that could not be recorded since the recorder started.
     pub gpu_errors: u64,
+    /// What GPU timing has cost the recording threads so far.
+    pub gpu_cost: GpuTimingCost,
 }
 
 /// What [`Recorder::finish`] wrote.
@@ -91,4 +94,34 @@ pub struct Summary {
     pub gpu_spans: u64,
     pub gpu_spans_dropped: u64,
     pub gpu_errors: u64,
+    /// What GPU timing cost the recording threads.
+    pub gpu_cost: GpuTimingCost,
+}
+
+/// The CPU cost of GPU timing as the program ran, since the recorder started: every
+/// GPU-timed span's begin and end as spent in the recorder, event records included.
+#[derive(Clone, Copy, Debug, Default, PartialEq, serde::Serialize)]
+pub struct GpuTimingCost {
+    /// GPU-timed spans that ended with both events.
+    pub spans: u64,
+    /// Their begins and ends in the recorder, in total.
+    pub cpu_ns: u64,
+    /// Span boundaries that recorded a new event, and those that reused the thread's
+    /// previous one (back-to-back sections).
+    pub events_recorded: u64,
+    pub events_reused: u64,
+    /// The reuse window in force at the end (see `set_gpu_event_reuse_window`).
+    pub reuse_window_ns: u64,
+}
+
+impl GpuTimingCost {
+    /// Mean CPU ns per GPU-timed span (0 without any).
+    pub fn cpu_ns_per_span(&self) -> f64 {
+        self.cpu_ns as f64 / self.spans.max(1) as f64
+    }
+
+    /// Events recorded per GPU-timed span (2 without reuse).
+    pub fn events_per_span(&self) -> f64 {
+        self.events_recorded as f64 / self.spans.max(1) as f64
+    }
 }

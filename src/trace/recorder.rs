@@ -10,7 +10,9 @@ use std::time::Duration;
 
 use super::clock::{clock, Timebase};
 use super::gpu::{self, GpuBackend, MAX_DEVICES};
-use super::local::{registry, ACTIVE, DROPPED, GPU_ERRORS, RUNNING};
+use super::local::{
+    gpu_timing_cost, registry, reset_gpu_timing_cost, ACTIVE, DROPPED, GPU_ERRORS, RUNNING,
+};
 use super::resolve::Resolver;
 use super::writer::{snapshot, Cmd, Out, SharedStats, Writer};
 use super::{NameStats, Stats, Summary};
@@ -131,6 +133,7 @@ impl Recorder {
         gpu::set_backend(cfg.gpu.clone());
         DROPPED.store(0, Ordering::Relaxed);
         GPU_ERRORS.store(0, Ordering::Relaxed);
+        reset_gpu_timing_cost();
         let tb = Timebase::now();
         let header = header(&cfg, &tb)?;
         out.write_all(header.as_bytes())
@@ -203,6 +206,7 @@ impl Recorder {
             names: snapshot(&self.stats),
             dropped_events: DROPPED.load(Ordering::Relaxed),
             gpu_errors: GPU_ERRORS.load(Ordering::Relaxed),
+            gpu_cost: gpu_timing_cost(),
         }
     }
 

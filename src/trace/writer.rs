@@ -23,7 +23,7 @@ use super::event::{Arg, Kind, RawEvent, Slot};
 use super::gpu;
 
 use super::json::{escape_into, push_us, push_value};
-use super::local::{registry, unregister, ThreadSlot, DROPPED, GPU_ERRORS};
+use super::local::{gpu_timing_cost, registry, unregister, ThreadSlot, DROPPED, GPU_ERRORS};
 use super::names::{sync_entries, Name, NameEntry};
 use super::resolve::{GpuSpanOut, Resolver, TrackMeta};
 use super::{NameStats, Summary};
@@ -159,6 +159,7 @@ impl Writer {
                     return;
                 }
                 Err(mpsc::RecvTimeoutError::Timeout) => {
+                    self.reserve_events();
                     self.pass();
                     if last_flush.elapsed() >= self.flush_interval {
                         self.recalibrate();
@@ -450,6 +451,17 @@ impl Writer {
         }
     }
 
+    /// Tops up the event pool of every calibrated device (off the training threads).
+    fn reserve_events(&self) {
+        let Some(r) = self.resolver.as_ref() else {
+            return;
+        };
+        let devices: Vec<usize> = gpu::cals().devices.keys().copied().collect();
+        for d in devices {
+            r.backend().reserve(d, gpu::RESERVE_EVENTS);
+        }
+    }
+
     /// Refreshes the calibration of every device a thread is bound to, and forgets the
     /// ones nothing refers to any more.
     fn recalibrate(&mut self) {
@@ -512,6 +524,7 @@ impl Writer {
                 gpu_spans: placed,
                 gpu_spans_dropped: lost,
                 gpu_errors: GPU_ERRORS.load(Ordering::Relaxed),
+                gpu_cost: gpu_timing_cost(),
             }),
         }
     }

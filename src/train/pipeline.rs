@@ -81,6 +81,8 @@ pub struct RunReport {
     pub heldout_after: Option<Eval>,
     pub stopped_by_signal: bool,
     pub trace: Option<PathBuf>,
+    /// What GPU-timed spans cost the workers' CPU (traced CUDA runs).
+    pub trace_gpu_cost: Option<trace::GpuTimingCost>,
 }
 
 /// Seed of step `step`'s anchor draw: a function of the run seed and the step alone, so a
@@ -643,6 +645,7 @@ pub fn run(cfg: TrainConfig, opts: &RunOptions) -> Result<RunReport, TrainError>
             .finish()
             .map_err(|e| TrainError::Runtime(format!("closing the trace: {e}")))?;
         report.trace = Some(summary.path);
+        report.trace_gpu_cost = Some(summary.gpu_cost).filter(|c| c.spans > 0);
     }
     let summary_path = opts.run_dir.join("summary.json");
     let _ = fs::write(
