@@ -13,7 +13,8 @@
 //! clock drift and `f32` elapsed-time precision stay small); each outermost GPU span
 //! remembers the calibration current when it began (its *epoch*) and the writer places
 //! its whole tree of nested GPU spans with that one mapping, so the tree stays nested.
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
+use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::time::Duration;
@@ -379,10 +380,39 @@ static GEN: AtomicU32 = AtomicU32::new(1);
 /// Holders of each live span event, by (generation, device, event): the spans that use it
 /// and the recording thread while it is its [`LastRecord`]. At zero it goes back to the
 /// backend's pool.
-static REFS: Mutex<BTreeMap<(u32, u32, u64), u32>> = Mutex::new(BTreeMap::new());
+/// A hash map rather than a tree: a lookup touches one or two cache lines, and the
+/// training threads look up here right after work that has evicted the recorder's data.
+static REFS: Mutex<RefMap> = Mutex::new(RefMap::with_hasher(BuildHasherDefault::new()));
 
-fn refs() -> MutexGuard<'static, BTreeMap<(u32, u32, u64), u32>> {
+type RefMap = HashMap<(u32, u32, u64), u32, BuildHasherDefault<KeyHasher>>;
+
+fn refs() -> MutexGuard<'static, RefMap> {
     REFS.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Hashes [`REFS`] keys (a generation, a device and an event handle: small integers and
+/// a pointer or index) with one multiply-rotate per word; no hashing of untrusted input.
+#[derive(Default)]
+struct KeyHasher(u64);
+
+impl Hasher for KeyHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.write_u64(u64::from(*b));
+        }
+    }
+
+    fn write_u32(&mut self, v: u32) {
+        self.write_u64(u64::from(v));
+    }
+
+    fn write_u64(&mut self, v: u64) {
+        self.0 = (self.0.rotate_left(5) ^ v).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
 }
 
 /// Drops one hold on a span event; the last returns it to the backend's pool.
