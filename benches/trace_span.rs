@@ -10,11 +10,14 @@
 //! figures, which filter out time slices lost to other processes.
 //!
 //! Measured on the 2-vCPU dev VM (TSC clock, quiet), best-of-200 / criterion mean:
-//! empty loop 0.35 / 0.42 ns; disabled 0.36 / 0.50 ns (1.0 / 1.46 ns when the guard's
-//! address escapes); enabled 27.5 / 37.1 ns; with two args 72 / 93 ns; counter 30 / 41 ns;
-//! GPU span on the mock 188 / 256 ns. Reference points in the same run: two raw TSC reads
-//! and a Vec push 20.7 / 24.2 ns; two `Instant::now()` 46 / 63 ns. On the H200 host's
-//! CPU (docs/gpu-results/trace_span_bench.txt) reading the TSC is slower: that floor is
+//! empty loop 0.38 / 0.38 ns; disabled 0.47-0.67 / 0.41 ns (0.85-1.48 / 1.13 ns when the
+//! guard's address escapes); enabled 28.0-30.5 / 36-39 ns; with two args 77 / 96 ns;
+//! counter 31-35 / 42 ns; GPU span on the mock 208-254 / 252-375 ns. Reference points in
+//! the same runs: two raw TSC reads and a Vec push 20.7-23.9 / 24-27 ns (one `rdtsc` costs
+//! 10 ns on this CPU, so two clock reads are 20 ns of every span); two `Instant::now()`
+//! 47-57 / 49-68 ns. Criterion's means carry this VM's noise: they sit 3-6 ns above the
+//! best rounds even for the floor. On the H200 host's CPU
+//! (docs/gpu-results/trace_span_bench.txt) reading the TSC is slower: that floor is
 //! 40-48 ns there, and an enabled span costs the same as it.
 use std::hint::black_box;
 use std::sync::Arc;
