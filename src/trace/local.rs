@@ -224,17 +224,8 @@ fn push_head(head: Head) {
 /// published at once. A full ring drops the event (counted).
 #[inline(never)]
 fn push(head: Head, args: &[Arg], gpu: Option<GpuPart>) {
-    let mut slots = [Slot::Head(head); 2 + MAX_ARGS];
-    let mut n = 1;
-    for a in args.iter().take(MAX_ARGS) {
-        slots[n] = Slot::Arg(*a);
-        n += 1;
-    }
-    if let Some(g) = gpu {
-        slots[n] = Slot::Gpu(g);
-        n += 1;
-    }
-    if with_ring(|p| p.push_all(&slots[..n])) != Some(true) {
+    let args = &args[..args.len().min(MAX_ARGS)];
+    if with_ring(|p| p.push_event(head, args, gpu)) != Some(true) {
         DROPPED.fetch_add(1, Ordering::Relaxed);
         if let Some(g) = gpu {
             gpu::release_pair(&g);

@@ -7,7 +7,7 @@ use std::mem::MaybeUninit;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use super::event::Slot;
+use super::event::{Arg, GpuPart, Head, Slot};
 
 /// Keeps the two positions on separate cache lines, so that the producer's stores do not
 /// invalidate the line the consumer polls and vice versa.
@@ -92,17 +92,28 @@ impl Producer {
         true
     }
 
-    /// Publishes all of `slots` at once, or nothing when they do not fit.
-    pub(crate) fn push_all(&mut self, slots: &[Slot]) -> bool {
-        if !self.room(slots.len()) {
+    /// Publishes an event's head, its args and its GPU half at once, written straight
+    /// into their slots, or nothing when they do not fit.
+    pub(crate) fn push_event(&mut self, head: Head, args: &[Arg], gpu: Option<GpuPart>) -> bool {
+        if !self.room(1 + args.len() + usize::from(gpu.is_some())) {
             return false;
         }
-        for &s in slots {
-            // SAFETY: as in `push`, for each of the `len` free slots.
-            unsafe { self.buf.add(self.tail & self.mask).write(s) };
-            self.tail = self.tail.wrapping_add(1);
+        let mut t = self.tail;
+        // SAFETY: as in `push`, for each of the free slots counted by `room`.
+        unsafe {
+            self.buf.add(t & self.mask).write(Slot::Head(head));
+            t = t.wrapping_add(1);
+            for a in args {
+                self.buf.add(t & self.mask).write(Slot::Arg(*a));
+                t = t.wrapping_add(1);
+            }
+            if let Some(g) = gpu {
+                self.buf.add(t & self.mask).write(Slot::Gpu(g));
+                t = t.wrapping_add(1);
+            }
         }
-        self.shared.tail.0.store(self.tail, Ordering::Release);
+        self.tail = t;
+        self.shared.tail.0.store(t, Ordering::Release);
         true
     }
 }
@@ -172,13 +183,16 @@ mod tests {
         assert_eq!(c.slots(), 8);
         assert_eq!(c.pop().map(start), Some(0));
         assert_eq!(c.pop().map(start), Some(1));
-        let arg = Slot::Arg(Arg {
+        let arg = Arg {
             key: "k",
             value: ArgValue::I64(1),
-        });
-        assert!(!p.push_all(&[head(9), arg, arg]), "3 do not fit in 2");
+        };
+        let Slot::Head(h9) = head(9) else {
+            unreachable!()
+        };
+        assert!(!p.push_event(h9, &[arg, arg], None), "3 do not fit in 2");
         assert_eq!(c.slots(), 6);
-        assert!(p.push_all(&[head(9), arg]));
+        assert!(p.push_event(h9, &[arg], None));
         let got: Vec<u64> = std::iter::from_fn(|| c.pop()).map(start).collect();
         assert_eq!(got, vec![2, 3, 4, 5, 6, 7, 9, u64::MAX]);
         assert!(c.pop().is_none());
