@@ -319,8 +319,7 @@ fn cold_gpu_spans() {
                 while t.elapsed() < Duration::from_micros(3) {}
             }
             rec.flush().expect("flush");
-            let c = rec.stats_snapshot().gpu_cost;
-            rounds.push((c.cpu_ns - c0.cpu_ns) as f64 / (c.spans - c0.spans).max(1) as f64);
+            rounds.push(rec.stats_snapshot().gpu_cost.since(&c0).cpu_ns_per_span());
         }
         rounds.sort_by(f64::total_cmp);
         let what = if pollute {

@@ -81,7 +81,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let _s = trace::gpu_span(name);
         let _ = x.g_add_scalar(1.0);
     });
-    let chained = cost_since(&rec, c0);
+    let chained = rec.stats_snapshot().gpu_cost.since(&c0);
     // A CPU gap after each span: no event to share with the next one.
     let gap = || {
         let t = Instant::now();
@@ -99,7 +99,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
         gap();
     });
-    let apart = cost_since(&rec, c0);
+    let apart = rec.stats_snapshot().gpu_cost.since(&c0);
     // As in training: CPU work between the launches evicts the driver's data from the
     // caches, and another thread launches kernels on its own stream meanwhile.
     let mut junk = vec![0u8; 8 << 20];
@@ -111,7 +111,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         k = k.wrapping_add(1);
         junk.iter_mut().step_by(64).for_each(|b| *b = k);
     });
-    let polluted = cost_since(&rec, c0);
+    let polluted = rec.stats_snapshot().gpu_cost.since(&c0);
     let busy = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
     let other = {
         let busy = busy.clone();
@@ -131,7 +131,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let _s = trace::gpu_span(name);
         let _ = x.g_add_scalar(1.0);
     });
-    let contended = cost_since(&rec, c0);
+    let contended = rec.stats_snapshot().gpu_cost.since(&c0);
     busy.store(false, std::sync::atomic::Ordering::Relaxed);
     let _ = other.join();
     stream.synchronize()?;
@@ -241,16 +241,4 @@ fn host_call_costs(
     println!("event record after a launch:  {lmin:.0} / {lmed:.0}");
     println!("event record after 8 MB of CPU writes: {cmin:.0} / {cmed:.0}");
     Ok(())
-}
-
-/// The recorder's own GPU-timing cost counters since `before`.
-fn cost_since(rec: &Recorder, before: trace::GpuTimingCost) -> trace::GpuTimingCost {
-    let now = rec.stats_snapshot().gpu_cost;
-    trace::GpuTimingCost {
-        spans: now.spans - before.spans,
-        cpu_ns: now.cpu_ns - before.cpu_ns,
-        events_recorded: now.events_recorded - before.events_recorded,
-        events_reused: now.events_reused - before.events_reused,
-        reuse_window_ns: now.reuse_window_ns,
-    }
 }

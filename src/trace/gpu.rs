@@ -341,7 +341,7 @@ fn calibrate_reuse_window(b: &dyn GpuBackend, device: usize) {
 
 /// A recording thread's GPU-timing state: its latest event, and running totals of what
 /// GPU timing has cost it (published to its registry slot at each GPU span's end).
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Copy, Debug)]
 pub(crate) struct ThreadGpu {
     pub last: Option<LastRecord>,
     /// GPU-timed spans ended with both events, and the clock ticks their begins and ends

@@ -115,6 +115,18 @@ pub struct GpuTimingCost {
 }
 
 impl GpuTimingCost {
+    /// What was spent between `earlier` (an older snapshot of the same recorder) and this
+    /// one; the window is this one's.
+    pub fn since(&self, earlier: &GpuTimingCost) -> GpuTimingCost {
+        GpuTimingCost {
+            spans: self.spans.saturating_sub(earlier.spans),
+            cpu_ns: self.cpu_ns.saturating_sub(earlier.cpu_ns),
+            events_recorded: self.events_recorded.saturating_sub(earlier.events_recorded),
+            events_reused: self.events_reused.saturating_sub(earlier.events_reused),
+            reuse_window_ns: self.reuse_window_ns,
+        }
+    }
+
     /// Mean CPU ns per GPU-timed span (0 without any).
     pub fn cpu_ns_per_span(&self) -> f64 {
         self.cpu_ns as f64 / self.spans.max(1) as f64
