@@ -276,14 +276,21 @@ impl trace::GpuBackend for Trivial {
     fn current_stream(&self, _device: usize) -> Result<u64, trace::GpuError> {
         Ok(7)
     }
-    fn record(&self, _device: usize) -> Result<(trace::GpuEvent, u64), trace::GpuError> {
-        Ok((
-            trace::GpuEvent(self.0.fetch_add(1, Ordering::Relaxed) + 1),
-            7,
-        ))
+    fn take(
+        &self,
+        _device: usize,
+        n: usize,
+        out: &mut Vec<trace::GpuEvent>,
+    ) -> Result<(), trace::GpuError> {
+        let first = self.0.fetch_add(n as u64, Ordering::Relaxed) + 1;
+        out.extend((first..first + n as u64).map(trace::GpuEvent));
+        Ok(())
     }
-    fn record_calibration(&self, device: usize) -> Result<trace::GpuEvent, trace::GpuError> {
-        self.record(device).map(|(e, _)| e)
+    fn record(&self, _device: usize, _event: trace::GpuEvent) -> Result<u64, trace::GpuError> {
+        Ok(7)
+    }
+    fn record_calibration(&self, _device: usize) -> Result<trace::GpuEvent, trace::GpuError> {
+        Ok(trace::GpuEvent(self.0.fetch_add(1, Ordering::Relaxed) + 1))
     }
     fn query(&self, _event: trace::GpuEvent) -> Result<bool, trace::GpuError> {
         Ok(true)
@@ -294,39 +301,51 @@ impl trace::GpuBackend for Trivial {
     fn release(&self, _device: usize, _event: trace::GpuEvent) {}
 }
 
+/// 300 GPU-timed spans on the calling thread, each followed by a 3 us pause (so no
+/// boundary is shared: two events per span); `junk`: CPU writes inside each span.
+fn paused_gpu_spans(name: trace::Name, mut junk: Option<&mut [u8]>) {
+    for k in 0..300u32 {
+        {
+            let _s = trace::gpu_span(name);
+            if let Some(j) = junk.as_deref_mut() {
+                j.iter_mut().step_by(64).for_each(|b| *b = k as u8);
+            }
+        }
+        let t = Instant::now();
+        while t.elapsed() < Duration::from_micros(3) {}
+    }
+}
+
 /// The recorder's path of a GPU-timed span warm, and cache-cold as in training (8 MB of
 /// CPU writes inside each span evict its data and code), as the recorder counts it
-/// (`GpuTimingCost`), with a backend that records nothing. Median of 7 rounds of 300
-/// spans; a 3 us pause after each span keeps boundaries from being shared, so each span
-/// records two events.
+/// (`GpuTimingCost`), with a backend that records nothing; and warm on two threads at
+/// once (each its own stream, as the trainer's target and drafter threads). Median of 7
+/// rounds of 300 spans ([`paused_gpu_spans`]).
 fn cold_gpu_spans() {
     let rec = start(Some(Arc::new(Trivial(AtomicU64::new(0)))));
     trace::bind_gpu(0, "bench");
     let name = dflash::trace_name!("bench.cold");
     let mut junk = vec![0u8; 8 << 20];
-    for pollute in [false, true] {
+    for mode in ["warm", "cold (8 MB writes)", "warm, two threads"] {
         let mut rounds = Vec::new();
         for _ in 0..7 {
             let c0 = rec.stats_snapshot().gpu_cost;
-            for k in 0..300u32 {
-                {
-                    let _s = trace::gpu_span(name);
-                    if pollute {
-                        junk.iter_mut().step_by(64).for_each(|b| *b = k as u8);
-                    }
-                }
-                let t = Instant::now();
-                while t.elapsed() < Duration::from_micros(3) {}
+            match mode {
+                "warm" => paused_gpu_spans(name, None),
+                "warm, two threads" => std::thread::scope(|s| {
+                    s.spawn(|| {
+                        trace::bind_gpu(0, "bench 2");
+                        paused_gpu_spans(name, None);
+                    });
+                    paused_gpu_spans(name, None);
+                }),
+                _ => paused_gpu_spans(name, Some(&mut junk)),
             }
             rec.flush().expect("flush");
             rounds.push(rec.stats_snapshot().gpu_cost.since(&c0).cpu_ns_per_span());
         }
         rounds.sort_by(f64::total_cmp);
-        let what = if pollute {
-            "cold (8 MB writes)"
-        } else {
-            "warm"
-        };
+        let what = mode;
         println!(
             "gpu_span, trivial backend, {what:<18} median {:7.0} ns (rounds {:.0}-{:.0})",
             rounds[3], rounds[0], rounds[6]

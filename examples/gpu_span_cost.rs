@@ -57,13 +57,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("gpu_span, 2 records each:   best {nmin:.0} ns, median {nmed:.0} ns per span");
     println!("cpu span:                   best {cmin:.0} ns, median {cmed:.0} ns per span");
 
-    // The parts: one backend record (pool + current stream + record), and one bare
-    // runtime cudaEventRecord on the same stream.
+    // The parts: one backend record (current stream + record) of an event taken once,
+    // and one bare runtime cudaEventRecord on the same stream.
+    let mut taken = Vec::new();
+    backend.take(0, 1, &mut taken)?;
+    let own = taken[0];
     let (bmin, bmed) = per_span_ns(&rec, 50, 500, || {
-        if let Ok((ev, _)) = backend.record(0) {
-            backend.release(0, ev);
-        }
+        let _ = backend.record(0, own);
     });
+    backend.release(0, own);
     let ev = cuda::Event::new(0)?;
     let (rmin, rmed) = per_span_ns(&rec, 50, 500, || {
         let _ = ev.record(&stream);

@@ -874,3 +874,52 @@ fn binding_fills_the_pool_and_calibrates_the_reuse_window() {
     assert_eq!(run(Duration::from_millis(1)), 300, "a set window wins");
     trace::set_gpu_event_reuse_window(None);
 }
+
+/// Span events are recycled: a thread reuses the events its written spans released
+/// (the backend's pool is not drained span after span), a thread that exits while its
+/// spans are still pending returns them all, and a finished recorder leaves no event
+/// held. Each thread records 3000 spans of two events each (no sharing of boundaries),
+/// 12000 records in all; what is created is the pool the writer keeps filled (1024)
+/// plus what the threads hold between two writer passes (800 records each).
+#[test]
+fn span_events_are_recycled_and_all_return_when_threads_exit_and_at_finish() {
+    let _g = lock();
+    trace::set_gpu_event_reuse_window(Some(Duration::ZERO));
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("trace.json");
+    let gpu = Arc::new(MockGpu::new(1, Duration::from_micros(5), Duration::ZERO));
+    let mut cfg = config(&path);
+    cfg.gpu = Some(gpu.clone());
+    let rec = Recorder::start(cfg).unwrap();
+    let spans = 3000u64;
+    let work = move |stream: u64| {
+        MockGpu::set_current_stream(stream);
+        trace::bind_gpu(0, "w");
+        let name = trace::intern("recycled");
+        for k in 0..spans {
+            drop(trace::gpu_span(name));
+            if k % 100 == 99 {
+                // The writer drains at least every 100 ms.
+                std::thread::sleep(Duration::from_millis(25));
+            }
+        }
+    };
+    // The first thread exits (its last spans still unwritten) while the second runs.
+    let a = std::thread::spawn(move || work(1));
+    let b = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(100));
+        work(2)
+    });
+    a.join().unwrap();
+    // Without recycling, every record would have taken a new event from the pool.
+    let created = gpu.created();
+    b.join().unwrap();
+    let summary = rec.finish().unwrap();
+    trace::set_gpu_event_reuse_window(None);
+    assert_eq!(summary.gpu_spans, 2 * spans);
+    assert_eq!(summary.gpu_cost.events_recorded, 4 * spans);
+    assert!(created <= 4096, "{created} events created");
+    assert!(gpu.created() <= 4096, "{} events created", gpu.created());
+    assert_eq!(gpu.outstanding(), 0, "every event went back to the pool");
+    assert!(gpu.recorded() >= 4 * spans);
+}

@@ -387,7 +387,7 @@ impl CudaEvents {
         })
     }
 
-    fn take(&self, device: usize) -> Result<usize> {
+    fn take_one(&self, device: usize) -> Result<usize> {
         let pool = self.pools.get(device).ok_or(CudaError::NoDevice {
             device,
             count: self.pools.len(),
@@ -401,7 +401,7 @@ impl CudaEvents {
     }
 
     fn record_on(&self, device: usize, stream: *mut c_void) -> Result<GpuEvent> {
-        let ev = self.take(device)?;
+        let ev = self.take_one(device)?;
         // SAFETY: a pooled live event and a live stream of the same device.
         let rc = unsafe { ffi::dflash_cuda_event_record(ev as *mut c_void, stream) };
         if let Err(e) = check("event_record", rc) {
@@ -425,18 +425,39 @@ impl GpuBackend for CudaEvents {
         current_stream(device).map(|s| s.id as u64).map_err(gpu_err)
     }
 
-    fn record(&self, device: usize) -> Result<(GpuEvent, u64), GpuError> {
-        let ev = self.take(device).map_err(gpu_err)?;
-        let mut stream = 0i64;
-        // SAFETY: a pooled live event of `device`; out-pointer to a local.
-        let rc = unsafe {
-            ffi::dflash_cuda_event_record_current(device as c_int, ev as *mut c_void, &mut stream)
-        };
-        if let Err(e) = check("event_record", rc) {
-            lock(&self.pools[device]).push(ev);
-            return Err(gpu_err(e));
+    fn take(&self, device: usize, n: usize, out: &mut Vec<GpuEvent>) -> Result<(), GpuError> {
+        let pool = self.pools.get(device).ok_or_else(|| {
+            gpu_err(CudaError::NoDevice {
+                device,
+                count: self.pools.len(),
+            })
+        })?;
+        let before = out.len();
+        {
+            let mut p = lock(pool);
+            let keep = p.len().saturating_sub(n);
+            out.extend(p.drain(keep..).map(|e| GpuEvent(e as u64)));
         }
-        Ok((GpuEvent(ev as u64), stream as u64))
+        if out.len() == before && n > 0 {
+            let e = create_event(device).map_err(gpu_err)? as usize;
+            lock(&self.created[device]).push(e);
+            out.push(GpuEvent(e as u64));
+        }
+        Ok(())
+    }
+
+    fn record(&self, device: usize, event: GpuEvent) -> Result<u64, GpuError> {
+        let mut stream = 0i64;
+        // SAFETY: a live event of `device` taken from our pool; out-pointer to a local.
+        let rc = unsafe {
+            ffi::dflash_cuda_event_record_current(
+                device as c_int,
+                event.0 as *mut c_void,
+                &mut stream,
+            )
+        };
+        check("event_record", rc).map_err(gpu_err)?;
+        Ok(stream as u64)
     }
 
     fn record_calibration(&self, device: usize) -> Result<GpuEvent, GpuError> {

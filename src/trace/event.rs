@@ -55,8 +55,12 @@ pub(crate) enum Kind {
 /// thread's current stream, resolved later by the writer.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct GpuPart {
+    /// The begin and end events (0: none yet), and their entries in the recording
+    /// thread's event table (see `gpu::Holds`).
     pub begin: u64,
     pub end: u64,
+    pub begin_slot: u32,
+    pub end_slot: u32,
     pub stream: u64,
     pub device: u32,
     /// The device's calibration epoch when the tree's root began.

@@ -13,8 +13,7 @@
 //! clock drift and `f32` elapsed-time precision stay small); each outermost GPU span
 //! remembers the calibration current when it began (its *epoch*) and the writer places
 //! its whole tree of nested GPU spans with that one mapping, so the tree stays nested.
-use std::collections::{BTreeMap, HashMap};
-use std::hash::{BuildHasherDefault, Hasher};
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::time::Duration;
@@ -47,7 +46,8 @@ pub struct GpuError {
 }
 
 /// A GPU as the recorder needs it. Implementations must be cheap on the span path
-/// ([`record`](Self::record) runs up to twice per GPU-timed span, and
+/// ([`record`](Self::record) runs up to twice per GPU-timed span,
+/// [`take`](Self::take) once per batch of events, and
 /// [`current_stream`](Self::current_stream) when a boundary may reuse the previous event)
 /// and must never block there; everything else runs on the writer thread.
 pub trait GpuBackend: Send + Sync {
@@ -67,13 +67,20 @@ pub trait GpuBackend: Send + Sync {
     /// A key of the calling thread's current stream on `device`, unique per device.
     fn current_stream(&self, device: usize) -> Result<u64, GpuError>;
 
-    /// Takes an event from the backend's pool (creating one if the pool is empty) and
-    /// records it on the calling thread's current stream on `device`. Returns the event
-    /// and the stream's key (as [`current_stream`](Self::current_stream)).
-    fn record(&self, device: usize) -> Result<(GpuEvent, u64), GpuError>;
+    /// Moves up to `n` free events of `device` from the backend's pool into `out`,
+    /// creating events when the pool is empty. A recording thread takes a batch when it
+    /// has no free event of its own left; events come back through
+    /// [`release`](Self::release).
+    fn take(&self, device: usize, n: usize, out: &mut Vec<GpuEvent>) -> Result<(), GpuError>;
 
-    /// Like [`record`](Self::record), but on a stream private to the backend that
-    /// carries no other work, so the event completes as soon as the GPU reaches it.
+    /// Records `event` (taken, not in use by another span) on the calling thread's
+    /// current stream on `device`. Returns the stream's key (as
+    /// [`current_stream`](Self::current_stream)).
+    fn record(&self, device: usize, event: GpuEvent) -> Result<u64, GpuError>;
+
+    /// Takes an event from the pool and records it like [`record`](Self::record), but on
+    /// a stream private to the backend that carries no other work, so the event completes
+    /// as soon as the GPU reaches it.
     fn record_calibration(&self, device: usize) -> Result<GpuEvent, GpuError>;
 
     /// Whether `event` has completed. Must not block.
@@ -269,6 +276,8 @@ pub(crate) fn prune(b: &dyn GpuBackend, device: usize, keep_from: Option<u32>) {
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct LastRecord {
     event: u64,
+    /// Its index in the thread's event table.
+    slot: u32,
     stream: u64,
     device: u32,
     gen: u32,
@@ -377,115 +386,335 @@ pub(crate) const COST_FIELDS: usize = 4;
 /// released again.
 static GEN: AtomicU32 = AtomicU32::new(1);
 
-/// Holders of each live span event, by (generation, device, event): the spans that use it
-/// and the recording thread while it is its [`LastRecord`]. At zero it goes back to the
-/// backend's pool.
-/// A hash map rather than a tree: a lookup touches one or two cache lines, and the
-/// training threads look up here right after work that has evicted the recorder's data.
-static REFS: Mutex<RefMap> = Mutex::new(RefMap::with_hasher(BuildHasherDefault::new()));
+/// Events a thread takes from its backend's pool at once when it has none free.
+const TAKE_BATCH: usize = 64;
 
-type RefMap = HashMap<(u32, u32, u64), u32, BuildHasherDefault<KeyHasher>>;
+/// The span events of one recording thread, and who holds them. Each thread has its own,
+/// so the training threads share no lock and no cache line on the span path: the thread
+/// locks it at each GPU span boundary, and the writer only when it releases that thread's
+/// spans (an uncontended lock, on a line the thread mostly owns).
+///
+/// A live event is held by each span that uses it (until the writer has placed or
+/// dropped that span) and by the thread while it is its [`LastRecord`]. An event no one
+/// holds goes back to the thread's free list, from which its next boundaries record; the
+/// thread goes to the backend's pool only when that list is empty.
+pub(crate) struct Holds(Mutex<HoldState>);
 
-fn refs() -> MutexGuard<'static, RefMap> {
-    REFS.lock().unwrap_or_else(|p| p.into_inner())
+struct HoldState {
+    /// The backend of the recorder these events belong to (so that the span path does
+    /// not take the global lock, nor touch a shared reference count).
+    backend: Option<Arc<dyn GpuBackend>>,
+    events: Events,
 }
 
-/// Hashes [`REFS`] keys (a generation, a device and an event handle: small integers and
-/// a pointer or index) with one multiply-rotate per word; no hashing of untrusted input.
-#[derive(Default)]
-struct KeyHasher(u64);
+/// A thread's events, each at a fixed index of `table` for as long as the thread has
+/// it, so a span finds its holders' count by index (carried in its [`GpuPart`] and the
+/// thread's [`LastRecord`]): no hashing, one cache line per boundary.
+struct Events {
+    /// That recorder's generation; 0: none yet.
+    gen: u32,
+    table: Vec<Entry>,
+    /// Indices of entries nobody holds, of `free_device`, ready to record again.
+    free: Vec<u32>,
+    free_device: u32,
+    /// The thread has exited: its events go straight back to the backend.
+    dead: bool,
+    /// Scratch for taking events from the backend.
+    taken: Vec<GpuEvent>,
+}
 
-impl Hasher for KeyHasher {
-    fn finish(&self) -> u64 {
-        self.0
+#[derive(Clone, Copy)]
+struct Entry {
+    /// 0: the entry is empty (its event went back to the backend).
+    event: u64,
+    device: u32,
+    holds: u32,
+}
+
+/// Every thread's [`Holds`], so that a finishing recorder can take back the events of
+/// threads it cannot reach (pruned of exited threads' as it does).
+static ALL_HOLDS: Mutex<Vec<Arc<Holds>>> = Mutex::new(Vec::new());
+
+impl Holds {
+    /// A thread's holds, registered for [`release_held`].
+    pub(crate) fn new() -> Arc<Holds> {
+        let h = Arc::new(Holds(Mutex::new(HoldState {
+            backend: None,
+            events: Events {
+                gen: 0,
+                table: Vec::new(),
+                free: Vec::new(),
+                free_device: 0,
+                dead: false,
+                taken: Vec::new(),
+            },
+        })));
+        lock(&ALL_HOLDS).push(h.clone());
+        h
     }
 
-    fn write(&mut self, bytes: &[u8]) {
-        for b in bytes {
-            self.write_u64(u64::from(*b));
+    fn lock(&self) -> MutexGuard<'_, HoldState> {
+        lock(&self.0)
+    }
+
+    /// Drops one hold of a span of generation `gen` on the event at `slot`; the last
+    /// makes it free.
+    fn release(&self, gen: u32, slot: u32, event: u64) {
+        let mut h = self.lock();
+        let HoldState { backend, events } = &mut *h;
+        if let Some(b) = backend.as_deref() {
+            events.unref(b, gen, slot, event);
         }
     }
 
-    fn write_u32(&mut self, v: u32) {
-        self.write_u64(u64::from(v));
+    /// Drops both holds of a span's GPU half (written, discarded, or lost to a full ring).
+    pub(crate) fn release_part(&self, g: &GpuPart) {
+        self.release_parts(std::iter::once(g));
     }
 
-    fn write_u64(&mut self, v: u64) {
-        self.0 = (self.0.rotate_left(5) ^ v).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    /// [`release_part`](Self::release_part) for several spans, under one lock.
+    pub(crate) fn release_parts<'a>(&self, parts: impl Iterator<Item = &'a GpuPart>) {
+        let mut h = self.lock();
+        let HoldState { backend, events } = &mut *h;
+        let Some(b) = backend.as_deref() else {
+            return;
+        };
+        for g in parts {
+            events.unref(b, g.gen, g.begin_slot, g.begin);
+            if g.end != 0 {
+                events.unref(b, g.gen, g.end_slot, g.end);
+            }
+        }
+    }
+
+    /// The thread exits: drops its hold on its last record and returns its free events;
+    /// spans still on their way to the writer return theirs as they are released.
+    pub(crate) fn retire(&self, last: Option<LastRecord>) {
+        let mut h = self.lock();
+        let HoldState { backend, events } = &mut *h;
+        events.dead = true;
+        if let Some(b) = backend.as_deref() {
+            if let Some(l) = last {
+                events.unref(b, l.gen, l.slot, l.event);
+            }
+            events.give_back_free(b);
+        }
     }
 }
 
-/// Drops one hold on a span event; the last returns it to the backend's pool.
-fn unref(b: &dyn GpuBackend, gen: u32, device: u32, event: u64) {
-    let mut r = refs();
-    let Some(n) = r.get_mut(&(gen, device, event)) else {
-        return;
-    };
-    *n -= 1;
-    if *n == 0 {
-        r.remove(&(gen, device, event));
-        drop(r);
-        b.release(device as usize, GpuEvent(event));
+impl Events {
+    fn unref(&mut self, b: &dyn GpuBackend, gen: u32, slot: u32, event: u64) {
+        if gen != self.gen {
+            return;
+        }
+        let Some(e) = self.table.get_mut(slot as usize) else {
+            return;
+        };
+        if e.event != event || e.holds == 0 {
+            return;
+        }
+        e.holds -= 1;
+        if e.holds > 0 {
+            return;
+        }
+        if self.dead || e.device != self.free_device {
+            b.release(e.device as usize, GpuEvent(e.event));
+            e.event = 0;
+        } else {
+            self.free.push(slot);
+        }
+    }
+
+    /// Returns the free events to the backend; their entries stay empty.
+    fn give_back_free(&mut self, b: &dyn GpuBackend) {
+        for i in self.free.drain(..) {
+            let e = &mut self.table[i as usize];
+            b.release(e.device as usize, GpuEvent(e.event));
+            e.event = 0;
+        }
+    }
+
+    /// Every event the thread has, free or held, back to `b` (the recorder finishes).
+    fn give_back_all(&mut self, b: &dyn GpuBackend) {
+        for e in &self.table {
+            if e.event != 0 {
+                b.release(e.device as usize, GpuEvent(e.event));
+            }
+        }
+    }
+
+    /// The index of a free event of `device`, from the free list or else a batch from
+    /// the pool.
+    #[inline]
+    fn take(&mut self, b: &dyn GpuBackend, device: u32) -> Result<u32, GpuError> {
+        if device == self.free_device {
+            if let Some(i) = self.free.pop() {
+                return Ok(i);
+            }
+        }
+        self.refill(b, device)
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn refill(&mut self, b: &dyn GpuBackend, device: u32) -> Result<u32, GpuError> {
+        if device != self.free_device {
+            self.give_back_free(b);
+            self.free_device = device;
+        }
+        self.taken.clear();
+        b.take(device as usize, TAKE_BATCH, &mut self.taken)?;
+        // Empty entries are filled first, so the table grows only with what is in use.
+        let mut empty = self.table.iter().enumerate().filter(|(_, e)| e.event == 0);
+        let mut reuse: Vec<u32> = Vec::new();
+        for _ in 0..self.taken.len() {
+            match empty.next() {
+                Some((i, _)) => reuse.push(i as u32),
+                None => break,
+            }
+        }
+        for (k, ev) in self.taken.drain(..).enumerate() {
+            let entry = Entry {
+                event: ev.0,
+                device,
+                holds: 0,
+            };
+            let i = match reuse.get(k) {
+                Some(&i) => {
+                    self.table[i as usize] = entry;
+                    i
+                }
+                None => {
+                    self.table.push(entry);
+                    (self.table.len() - 1) as u32
+                }
+            };
+            self.free.push(i);
+        }
+        self.free.pop().ok_or(GpuError {
+            op: "event pool",
+            message: "the backend gave no event".into(),
+        })
     }
 }
 
-/// Returns every span event still held (by threads' last records, or spans never
-/// written) to `b`, and starts a new generation (the recorder finishes).
+impl HoldState {
+    /// Forgets everything of an earlier recorder (whose finish took its events back) and
+    /// binds to the running one's backend. Cold.
+    #[cold]
+    #[inline(never)]
+    fn renew(&mut self, gen: u32) {
+        self.events.table.clear();
+        self.events.free.clear();
+        self.events.gen = gen;
+        self.backend = backend();
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Returns every span event still held (by threads' last records and free lists, or by
+/// spans never written) to `b`, and starts a new generation (the recorder finishes).
 fn release_held(b: &dyn GpuBackend) {
     let gen = GEN.fetch_add(1, Ordering::AcqRel);
-    let mut r = refs();
-    let held: Vec<(u32, u64)> = r
-        .keys()
-        .filter(|k| k.0 == gen)
-        .map(|k| (k.1, k.2))
-        .collect();
-    r.clear();
-    drop(r);
-    for (device, event) in held {
-        b.release(device as usize, GpuEvent(event));
-    }
+    let mut all = lock(&ALL_HOLDS);
+    all.retain(|holds| {
+        let mut h = holds.lock();
+        let e = &mut h.events;
+        if e.gen == gen {
+            e.give_back_all(b);
+        }
+        e.table.clear();
+        e.free.clear();
+        e.gen = 0;
+        h.backend = None;
+        // An exited thread's holds are empty now, and nothing will touch them again.
+        !h.events.dead
+    });
+}
+
+/// A span boundary's event: its handle, its index in the thread's table, the stream it
+/// was recorded on, and the recorder generation.
+struct Boundary {
+    event: u64,
+    slot: u32,
+    stream: u64,
+    gen: u32,
 }
 
 /// One span boundary's event on the calling thread's current stream: `last` reused when
 /// the thread's own code ran for less than the window since the recorder last returned
 /// (`entered`: the clock when the recorder was entered again) on the same stream; else a
-/// new record, which becomes `last`. Returns (event, stream, gen).
+/// new record, which becomes `last`.
 fn record_boundary(
-    b: &dyn GpuBackend,
+    holds: &Holds,
     device: usize,
     t: &mut ThreadGpu,
     entered: u64,
-) -> Option<(u64, u64, u32)> {
+) -> Option<Boundary> {
     let gen = GEN.load(Ordering::Acquire);
+    let mut guard = holds.lock();
+    if guard.events.gen != gen {
+        guard.renew(gen);
+    }
+    let HoldState { backend, events } = &mut *guard;
+    let b = backend.as_deref()?;
+    let dev = device as u32;
     if let Some(l) = t.last {
         if l.gen == gen
-            && l.device as usize == device
+            && l.device == dev
             && delta_ns(l.after, entered) < reuse_window_ns()
             && b.current_stream(device).ok() == Some(l.stream)
         {
-            if let Some(n) = refs().get_mut(&(gen, l.device, l.event)) {
-                *n += 1;
-                t.reused += 1;
-                return Some((l.event, l.stream, gen));
+            if let Some(e) = events.table.get_mut(l.slot as usize) {
+                if e.event == l.event && e.holds > 0 {
+                    e.holds += 1;
+                    t.reused += 1;
+                    return Some(Boundary {
+                        event: l.event,
+                        slot: l.slot,
+                        stream: l.stream,
+                        gen,
+                    });
+                }
             }
         }
     }
-    match b.record(device) {
-        Ok((ev, stream)) => {
+    let recorded = events.take(b, dev).and_then(|i| {
+        match b.record(device, GpuEvent(events.table[i as usize].event)) {
+            Ok(stream) => Ok((i, stream)),
+            Err(e) => {
+                events.free.push(i);
+                Err(e)
+            }
+        }
+    });
+    match recorded {
+        Ok((slot, stream)) => {
             t.recorded += 1;
             let after = now();
+            let e = &mut events.table[slot as usize];
             // Held by the span and by `last`.
-            refs().insert((gen, device as u32, ev.0), 2);
+            e.holds = 2;
+            let event = e.event;
             if let Some(old) = t.last.replace(LastRecord {
-                event: ev.0,
+                event,
+                slot,
                 stream,
-                device: device as u32,
+                device: dev,
                 gen,
                 after,
             }) {
-                unref(b, old.gen, old.device, old.event);
+                events.unref(b, old.gen, old.slot, old.event);
             }
-            Some((ev.0, stream, gen))
+            Some(Boundary {
+                event,
+                slot,
+                stream,
+                gen,
+            })
         }
         Err(_) => {
             GPU_ERRORS.fetch_add(1, Ordering::Relaxed);
@@ -497,6 +726,7 @@ fn record_boundary(
 /// Begin half of a GPU-timed span: an event on the thread's current stream. `None`
 /// (span stays CPU-only) without a backend, a calibration or on error.
 pub(crate) fn record_begin(
+    holds: &Holds,
     device: usize,
     tree: u32,
     root: bool,
@@ -507,55 +737,37 @@ pub(crate) fn record_begin(
     if epoch == 0 {
         return None;
     }
-    let guard = BACKEND.read().unwrap_or_else(|p| p.into_inner());
-    let b = guard.as_ref()?;
-    let (begin, stream, gen) = record_boundary(&**b, device, t, entered)?;
+    let at = record_boundary(holds, device, t, entered)?;
     Some(GpuPart {
-        begin,
+        begin: at.event,
         end: 0,
-        stream,
+        begin_slot: at.slot,
+        end_slot: 0,
+        stream: at.stream,
         device: device as u32,
         epoch,
         tree,
         root,
-        gen,
+        gen: at.gen,
     })
 }
 
 /// End half: an event on the thread's current stream. On failure drops the begin event
 /// and returns false (the span stays CPU-only).
-pub(crate) fn record_end(g: &mut GpuPart, t: &mut ThreadGpu, entered: u64) -> bool {
-    let guard = BACKEND.read().unwrap_or_else(|p| p.into_inner());
-    let Some(b) = guard.as_ref() else {
-        return false;
-    };
-    match record_boundary(&**b, g.device as usize, t, entered) {
-        Some((ev, _, gen)) if gen == g.gen => {
-            g.end = ev;
+pub(crate) fn record_end(holds: &Holds, g: &mut GpuPart, t: &mut ThreadGpu, entered: u64) -> bool {
+    match record_boundary(holds, g.device as usize, t, entered) {
+        Some(at) if at.gen == g.gen => {
+            g.end = at.event;
+            g.end_slot = at.slot;
             true
         }
-        Some((ev, _, gen)) => {
-            unref(&**b, gen, g.device, ev);
+        Some(at) => {
+            holds.release(at.gen, at.slot, at.event);
             false
         }
         None => {
-            unref(&**b, g.gen, g.device, g.begin);
+            holds.release(g.gen, g.begin_slot, g.begin);
             false
         }
-    }
-}
-
-/// Drops a span's holds on its events (written, discarded, or lost to a full ring).
-pub(crate) fn release_part(b: &dyn GpuBackend, g: &GpuPart) {
-    unref(b, g.gen, g.device, g.begin);
-    if g.end != 0 {
-        unref(b, g.gen, g.device, g.end);
-    }
-}
-
-/// [`release_part`] with the running recorder's backend.
-pub(crate) fn release_pair(g: &GpuPart) {
-    if let Some(b) = backend() {
-        release_part(&*b, g);
     }
 }

@@ -98,6 +98,8 @@ pub(crate) struct ThreadSlot {
     /// The thread's [`gpu::ThreadGpu::totals`], stored (not added: one writer) at each
     /// of its GPU-timed spans' end.
     pub gpu_cost: [AtomicU64; gpu::COST_FIELDS],
+    /// The thread's GPU span events and who holds them.
+    pub holds: Arc<gpu::Holds>,
 }
 
 pub(crate) struct ThreadMeta {
@@ -173,6 +175,7 @@ fn new_slot() -> Arc<ThreadSlot> {
         ring: Mutex::new(None),
         alive: AtomicBool::new(true),
         gpu_cost: [const { AtomicU64::new(0) }; gpu::COST_FIELDS],
+        holds: gpu::Holds::new(),
     });
     REGISTRY
         .lock()
@@ -228,7 +231,7 @@ fn push(head: Head, args: &[Arg], gpu: Option<GpuPart>) {
     if with_ring(|p| p.push_event(head, args, gpu)) != Some(true) {
         DROPPED.fetch_add(1, Ordering::Relaxed);
         if let Some(g) = gpu {
-            gpu::release_pair(&g);
+            let _ = LOCAL.try_with(|l| l.borrow_mut().slot().holds.release_part(&g));
         }
     }
 }
@@ -257,6 +260,7 @@ impl Local {
 impl Drop for Local {
     fn drop(&mut self) {
         if let Some(slot) = &self.slot {
+            slot.holds.retire(self.gpu.last);
             slot.alive.store(false, Ordering::Release);
         }
     }
@@ -506,7 +510,8 @@ fn end_slow(r: &Rec, kind: Kind, end: u64) {
             if let Some(k) = l.gpus.iter().rposition(|g| g.0 == start) {
                 let (_, mut g, step) = l.gpus.remove(k);
                 l.gpu_depth = l.gpu_depth.saturating_sub(1);
-                if gpu::record_end(&mut g, &mut l.gpu, end) {
+                let holds = &l.slot.get_or_insert_with(new_slot).holds;
+                if gpu::record_end(holds, &mut g, &mut l.gpu, end) {
                     head.gpu = true;
                     head.aux = step;
                     part = Some(g);
@@ -610,6 +615,7 @@ pub fn gpu_span(name: Name) -> Span {
     if let Some(r) = s.rec() {
         let _ = LOCAL.try_with(|l| {
             let mut l = l.borrow_mut();
+            let l = &mut *l;
             let Some(device) = l.gpu_device else {
                 return;
             };
@@ -619,7 +625,9 @@ pub fn gpu_span(name: Name) -> Span {
                 l.gpu_tree = l.next_tree;
             }
             let tree = l.gpu_tree;
-            let Some(part) = gpu::record_begin(device, tree, root, &mut l.gpu, r.start) else {
+            let holds = &l.slot.get_or_insert_with(new_slot).holds;
+            let Some(part) = gpu::record_begin(holds, device, tree, root, &mut l.gpu, r.start)
+            else {
                 return;
             };
             r.gpu = true;

@@ -125,8 +125,8 @@ impl MockGpu {
         self.epoch.elapsed().as_nanos() as i64
     }
 
-    fn take(&self, s: &mut State, gpu_ns: i64, done_ns: i64) -> GpuEvent {
-        s.recorded += 1;
+    /// An event from the pool (or a new one), in use from now on.
+    fn claim(&self, s: &mut State, gpu_ns: i64, done_ns: i64) -> GpuEvent {
         let ev = Ev {
             gpu_ns,
             done_ns,
@@ -179,7 +179,25 @@ impl GpuBackend for MockGpu {
         Ok(STREAM.with(Cell::get))
     }
 
-    fn record(&self, device: usize) -> Result<(GpuEvent, u64), GpuError> {
+    fn take(&self, device: usize, n: usize, out: &mut Vec<GpuEvent>) -> Result<(), GpuError> {
+        if device >= self.devices {
+            return Err(GpuError {
+                op: "mock take",
+                message: format!("no device {device}"),
+            });
+        }
+        let mut s = self.lock();
+        for k in 0..n.max(1) {
+            if k > 0 && s.free.is_empty() {
+                break;
+            }
+            let ev = self.claim(&mut s, 0, 0);
+            out.push(ev);
+        }
+        Ok(())
+    }
+
+    fn record(&self, device: usize, event: GpuEvent) -> Result<u64, GpuError> {
         if self.fail.load(Ordering::Relaxed) || device >= self.devices {
             return Err(GpuError {
                 op: "mock record",
@@ -190,6 +208,7 @@ impl GpuBackend for MockGpu {
         let stream = STREAM.with(Cell::get);
         let now = self.host_ns();
         let mut s = self.lock();
+        self.get(&s, event)?;
         let prev = s.streams.get(&(device, stream)).copied();
         let t = match prev {
             Some(p) => (now + self.launch_latency.as_nanos() as i64)
@@ -197,7 +216,11 @@ impl GpuBackend for MockGpu {
             None => now + self.launch_latency.as_nanos() as i64,
         };
         s.streams.insert((device, stream), t);
-        Ok((self.take(&mut s, t, t), stream))
+        s.recorded += 1;
+        let e = &mut s.events[event.0 as usize - 1];
+        e.gpu_ns = t;
+        e.done_ns = t;
+        Ok(stream)
     }
 
     fn record_calibration(&self, device: usize) -> Result<GpuEvent, GpuError> {
@@ -213,7 +236,8 @@ impl GpuBackend for MockGpu {
         let mut s = self.lock();
         // A skewed calibration event completes on time; only its reported GPU time is
         // off.
-        Ok(self.take(&mut s, now + skew, now))
+        s.recorded += 1;
+        Ok(self.claim(&mut s, now + skew, now))
     }
 
     fn query(&self, ev: GpuEvent) -> Result<bool, GpuError> {

@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use super::clock::Timebase;
 use super::event::{Arg, GpuPart, RawEvent, MAX_ARGS};
-use super::gpu::{self, GpuBackend, GpuEvent};
+use super::gpu::{self, GpuBackend, GpuEvent, Holds};
 use super::names::Name;
 
 /// A GPU half waiting for its events.
@@ -77,6 +77,10 @@ pub(crate) struct Resolver {
     next_tid: HashMap<u32, u32>,
     named_devices: BTreeSet<u32>,
     labels: HashMap<u32, String>,
+    /// Each thread's event holds, released as its spans are placed or dropped.
+    holds: HashMap<u32, Arc<Holds>>,
+    /// Spans placed or dropped whose events are not handed back yet, by thread.
+    releases: Vec<(u32, GpuPart)>,
     /// Spans in `open` and `ready`.
     waiting: usize,
     pub placed: u64,
@@ -98,6 +102,8 @@ impl Resolver {
             next_tid: HashMap::new(),
             named_devices: BTreeSet::new(),
             labels: HashMap::new(),
+            holds: HashMap::new(),
+            releases: Vec::new(),
             waiting: 0,
             placed: 0,
             dropped: 0,
@@ -115,11 +121,13 @@ impl Resolver {
         }
     }
 
-    /// Takes the GPU half of a drained event from thread `tid`.
-    pub(crate) fn add(&mut self, tid: u32, ev: &RawEvent, cpu_ts: u64) {
+    /// Takes the GPU half of a drained event from thread `tid`, whose events `holds`
+    /// holds.
+    pub(crate) fn add(&mut self, tid: u32, holds: &Arc<Holds>, ev: &RawEvent, cpu_ts: u64) {
         let Some(part) = ev.gpu else {
             return;
         };
+        self.holds.entry(tid).or_insert_with(|| holds.clone());
         let p = PendingGpu {
             name: ev.head.name,
             cpu_ts,
@@ -131,6 +139,7 @@ impl Resolver {
         };
         if self.waiting >= MAX_WAITING {
             self.shed();
+            self.flush_releases();
         }
         self.waiting += 1;
         let q = self.ready.entry(tid).or_default();
@@ -159,13 +168,13 @@ impl Resolver {
             .max_by_key(|(_, q)| q.len())
             .map(|(&t, _)| t);
         let tree = longest.and_then(|t| self.ready.get_mut(&t).and_then(|q| q.pop_front()));
-        match tree {
-            Some(t) => self.discard(&t),
-            None => {
+        match (longest, tree) {
+            (Some(tid), Some(t)) => self.discard(tid, &t),
+            _ => {
                 // Only rootless trees: give up all of them.
-                let open: Vec<Vec<PendingGpu>> = self.open.drain().map(|(_, v)| v).collect();
-                for t in &open {
-                    self.discard(t);
+                let open: Vec<((u32, u32), Vec<PendingGpu>)> = self.open.drain().collect();
+                for ((tid, _), t) in &open {
+                    self.discard(*tid, t);
                 }
             }
         }
@@ -199,7 +208,7 @@ impl Resolver {
                     TreeState::NotReady => break,
                     TreeState::Failed => {
                         if let Some(t) = self.ready.get_mut(&tid).and_then(|q| q.pop_front()) {
-                            self.discard(&t);
+                            self.discard(tid, &t);
                         }
                     }
                     TreeState::Ready => {
@@ -211,6 +220,7 @@ impl Resolver {
             }
         }
         self.ready.retain(|_, q| !q.is_empty());
+        self.flush_releases();
     }
 
     /// Treats trees whose root never arrived (still open when the recorder finishes)
@@ -228,22 +238,40 @@ impl Resolver {
     /// Gives up on everything still waiting.
     pub(crate) fn discard_all(&mut self) {
         self.close_open_trees();
-        let trees: Vec<Vec<PendingGpu>> = self.ready.drain().flat_map(|(_, q)| q).collect();
-        for t in &trees {
-            self.discard(t);
+        let trees: Vec<(u32, VecDeque<Vec<PendingGpu>>)> = self.ready.drain().collect();
+        for (tid, q) in &trees {
+            for t in q {
+                self.discard(*tid, t);
+            }
         }
+        self.flush_releases();
     }
 
-    fn discard(&mut self, tree: &[PendingGpu]) {
+    fn discard(&mut self, tid: u32, tree: &[PendingGpu]) {
         for p in tree {
-            self.release(&p.part);
+            self.release(tid, &p.part);
         }
         self.dropped += tree.len() as u64;
         self.waiting = self.waiting.saturating_sub(tree.len());
     }
 
-    fn release(&self, g: &GpuPart) {
-        gpu::release_part(&*self.backend, g);
+    /// Queues the release of a span's events; [`flush_releases`](Self::flush_releases)
+    /// hands them back, one lock of each thread's holds per pass.
+    fn release(&mut self, tid: u32, g: &GpuPart) {
+        self.releases.push((tid, *g));
+    }
+
+    fn flush_releases(&mut self) {
+        if self.releases.is_empty() {
+            return;
+        }
+        self.releases.sort_by_key(|r| r.0);
+        for run in self.releases.chunk_by(|a, b| a.0 == b.0) {
+            if let Some(h) = self.holds.get(&run[0].0) {
+                h.release_parts(run.iter().map(|r| &r.1));
+            }
+        }
+        self.releases.clear();
     }
 
     fn state(&self, tree: &[PendingGpu]) -> TreeState {
@@ -268,7 +296,7 @@ impl Resolver {
         meta: &mut Vec<TrackMeta>,
     ) {
         let Some(mut spans) = self.times(tree, tb) else {
-            self.discard(tree);
+            self.discard(tid, tree);
             return;
         };
         // Never before the launching CPU span: raise the calibration's offset by the
@@ -348,7 +376,7 @@ impl Resolver {
                 args: p.args,
                 nargs: p.nargs,
             });
-            self.release(&p.part);
+            self.release(tid, &p.part);
         }
         self.placed += tree.len() as u64;
         self.waiting = self.waiting.saturating_sub(tree.len());

@@ -235,7 +235,7 @@ impl Writer {
                 if h.kind != Kind::Counter {
                     ev.head.end = nest.end(h.start, h.end, h.outlived);
                 }
-                self.event(slot.tid, &ev);
+                self.event(slot, &ev);
             }
             gone = c.is_abandoned() && c.slots() == 0;
         }
@@ -286,7 +286,8 @@ impl Writer {
         });
     }
 
-    fn event(&mut self, tid: u32, ev: &RawEvent) {
+    fn event(&mut self, slot: &ThreadSlot, ev: &RawEvent) {
+        let tid = slot.tid;
         // Left in a ring by a span that ended after the previous recorder finished.
         if ev.head.start < self.tb.base_ticks {
             return;
@@ -349,9 +350,9 @@ impl Writer {
         a.count += 1;
         a.cpu_ns += end - ts;
         if let Some(r) = self.resolver.as_mut() {
-            r.add(tid, ev, ts);
+            r.add(tid, &slot.holds, ev, ts);
         } else if let Some(g) = ev.gpu {
-            gpu::release_pair(&g);
+            slot.holds.release_part(&g);
         }
     }
 
