@@ -8,15 +8,17 @@
 //!
 //! Run: `cargo bench --bench trace_span`; `TRACE_BENCH_MIN=1` also prints best-of-200
 //! figures, which filter out time slices lost to other processes, and the recorder's own
-//! path of a GPU-timed span with a backend that records nothing, warm and cache-cold
-//! (190-280 ns and 1.8-3.3 us per span, two events each, on the dev VM).
+//! path of a GPU-timed span with a backend that records nothing, warm, cache-cold, and
+//! warm on two threads at once (125-181 ns, 1.3-2.5 us and 255-340 ns per span, two
+//! events each, on the dev VM).
 //!
 //! Measured on the 2-vCPU dev VM (TSC clock, quiet), best-of-200 / criterion mean:
 //! empty loop 0.38 / 0.38 ns; disabled 0.47-0.67 / 0.41 ns (0.85-1.48 / 1.13 ns when the
 //! guard's address escapes); enabled 28.0-30.5 / 36-39 ns; with two args 65-69 / 96 ns;
 //! counter 19-27 / 42 ns (best-of after events were written straight into their ring
-//! slots; 73-77 and 30-35 ns before); GPU span on the mock 208-254 / 252-375 ns. Reference points in
-//! the same runs: two raw TSC reads and a Vec push 20.7-23.9 / 24-27 ns (one `rdtsc` costs
+//! slots; 73-77 and 30-35 ns before); GPU span on the mock 153-175 ns best-of with
+//! per-thread event tables (208-254 / 252-375 ns with shared refcounts). Reference points
+//! in the same runs: two raw TSC reads and a Vec push 20.7-23.9 / 24-27 ns (one `rdtsc` costs
 //! 10 ns on this CPU, so two clock reads are 20 ns of every span); two `Instant::now()`
 //! 47-57 / 49-68 ns. Criterion's means carry this VM's noise: they sit 3-6 ns above the
 //! best rounds even for the floor. On the H200 host's CPU
