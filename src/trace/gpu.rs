@@ -565,31 +565,22 @@ impl Events {
         self.taken.clear();
         b.take(device as usize, TAKE_BATCH, &mut self.taken)?;
         // Empty entries are filled first, so the table grows only with what is in use.
-        let mut empty = self.table.iter().enumerate().filter(|(_, e)| e.event == 0);
-        let mut reuse: Vec<u32> = Vec::new();
-        for _ in 0..self.taken.len() {
-            match empty.next() {
-                Some((i, _)) => reuse.push(i as u32),
-                None => break,
+        let mut at = 0;
+        for ev in self.taken.drain(..) {
+            while at < self.table.len() && self.table[at].event != 0 {
+                at += 1;
             }
-        }
-        for (k, ev) in self.taken.drain(..).enumerate() {
             let entry = Entry {
                 event: ev.0,
                 device,
                 holds: 0,
             };
-            let i = match reuse.get(k) {
-                Some(&i) => {
-                    self.table[i as usize] = entry;
-                    i
-                }
-                None => {
-                    self.table.push(entry);
-                    (self.table.len() - 1) as u32
-                }
-            };
-            self.free.push(i);
+            match self.table.get_mut(at) {
+                Some(slot) => *slot = entry,
+                None => self.table.push(entry),
+            }
+            self.free.push(at as u32);
+            at += 1;
         }
         self.free.pop().ok_or(GpuError {
             op: "event pool",
