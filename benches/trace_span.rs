@@ -17,7 +17,8 @@
 //! guard's address escapes); enabled 28.0-30.5 / 36-39 ns; with two args 65-69 / 96 ns;
 //! counter 19-27 / 42 ns (best-of after events were written straight into their ring
 //! slots; 73-77 and 30-35 ns before); GPU span on the mock 153-175 ns best-of with
-//! per-thread event tables (208-254 / 252-375 ns with shared refcounts). Reference points
+//! per-thread event tables (208-254 / 252-375 ns with shared refcounts), 172-180 ns since
+//! each record is also timed (the records' share of `GpuTimingCost`). Reference points
 //! in the same runs: two raw TSC reads and a Vec push 20.7-23.9 / 24-27 ns (one `rdtsc` costs
 //! 10 ns on this CPU, so two clock reads are 20 ns of every span); two `Instant::now()`
 //! 47-57 / 49-68 ns. Criterion's means carry this VM's noise: they sit 3-6 ns above the

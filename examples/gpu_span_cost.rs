@@ -158,9 +158,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         ("8 MB of CPU writes after each", polluted),
         ("another thread launching", contended),
     ] {
+        let q = |p| c.span_cost_quantile_ns(p).unwrap_or(0.0);
         println!(
-            "  {what:<30} {:.0} ns, {:.2} events recorded per span",
+            "  {what:<30} mean {:.0} ns (median {:.0}, p90 {:.0}), {:.0} ns in event records, {:.2} events recorded per span",
             c.cpu_ns_per_span(),
+            q(0.5),
+            q(0.9),
+            c.record_ns_per_span(),
             c.events_per_span()
         );
     }

@@ -145,13 +145,7 @@ fn train(args: TrainArgs) -> anyhow::Result<()> {
             );
         }
         if let Some(c) = &report.trace_gpu_cost {
-            eprintln!(
-                "GPU timing cost: {} GPU-timed spans, {:.2} us of CPU each, {:.2} events recorded per span (reuse window {} ns)",
-                c.spans,
-                c.cpu_ns_per_span() / 1e3,
-                c.events_per_span(),
-                c.reuse_window_ns
-            );
+            eprintln!("GPU timing cost: {}", c.describe());
         }
         if let Some(t) = &report.trace {
             eprintln!(

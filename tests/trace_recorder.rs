@@ -793,6 +793,15 @@ fn back_to_back_gpu_spans_share_boundary_events() {
         "{cost:?}"
     );
     assert!(cost.cpu_ns < 100_000_000, "{cost:?}");
+    // The records' share is counted apart, and every span is in the histogram: each of
+    // these spans records at least one event, so all cost over its last bucket's bound.
+    assert!(
+        cost.record_ns >= 12 * record_cost.as_nanos() as u64 && cost.record_ns <= cost.cpu_ns,
+        "{cost:?}"
+    );
+    let last = trace::SPAN_COST_BUCKETS - 1;
+    assert_eq!(cost.span_cost_hist[last], 11, "{cost:?}");
+    assert_eq!(cost.span_cost_hist.iter().sum::<u64>(), 11);
     trace::unbind_gpu();
     assert_eq!(
         gpu.outstanding(),

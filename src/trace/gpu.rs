@@ -360,6 +360,12 @@ pub(crate) struct ThreadGpu {
     /// Span boundaries that recorded a new event, and those that reused `last`.
     pub recorded: u64,
     pub reused: u64,
+    /// Ticks spent inside the backend's event records (the driver's share), part of
+    /// `ticks`.
+    pub record_ticks: u64,
+    /// GPU-timed spans by their own cost (begin and end together), in buckets of
+    /// [`COST_BUCKET_NS`].
+    pub hist: [u64; COST_BUCKETS],
 }
 
 impl ThreadGpu {
@@ -370,17 +376,51 @@ impl ThreadGpu {
             ticks: 0,
             recorded: 0,
             reused: 0,
+            record_ticks: 0,
+            hist: [0; COST_BUCKETS],
         }
     }
 
-    /// The totals in [`COST_FIELDS`] order.
+    /// Counts a GPU-timed span that spent `ticks` in the recorder (begin and end). Returns
+    /// its histogram bucket.
+    pub(crate) fn span_done(&mut self, ticks: u64) -> usize {
+        self.spans += 1;
+        self.ticks += ticks;
+        let b = cost_bucket(delta_ns(0, ticks));
+        self.hist[b] += 1;
+        b
+    }
+
+    /// The totals in [`COST_FIELDS`] order: spans, ticks, events recorded, events reused,
+    /// record ticks, then the histogram.
     pub(crate) fn totals(&self) -> [u64; COST_FIELDS] {
-        [self.spans, self.ticks, self.recorded, self.reused]
+        let mut t = [0; COST_FIELDS];
+        t[..COST_SCALARS].copy_from_slice(&[
+            self.spans,
+            self.ticks,
+            self.recorded,
+            self.reused,
+            self.record_ticks,
+        ]);
+        t[COST_SCALARS..].copy_from_slice(&self.hist);
+        t
     }
 }
 
-/// Counters per thread: spans, ticks, events recorded, events reused.
-pub(crate) const COST_FIELDS: usize = 4;
+/// Buckets of the per-span cost histogram ([`GpuTimingCost`](super::GpuTimingCost)):
+/// bucket `i` counts spans that cost `[i, i + 1) * COST_BUCKET_NS`; the last is open.
+pub const COST_BUCKETS: usize = 64;
+pub const COST_BUCKET_NS: u64 = 250;
+
+/// The bucket of a span that cost `ns`.
+pub(crate) fn cost_bucket(ns: u64) -> usize {
+    ((ns / COST_BUCKET_NS) as usize).min(COST_BUCKETS - 1)
+}
+
+/// Counters per thread: spans, ticks, events recorded, events reused, record ticks,
+/// then [`COST_BUCKETS`] histogram counts.
+pub(crate) const COST_SCALARS: usize = 5;
+pub(crate) const COST_FIELDS: usize = COST_SCALARS + COST_BUCKETS;
 
 /// Bumped when a recorder finishes: events of an earlier recorder are never reused or
 /// released again.
@@ -673,8 +713,11 @@ fn record_boundary(
             }
         }
     }
+    let mut called = 0;
     let recorded = events.take(b, dev).and_then(|i| {
-        match b.record(device, GpuEvent(events.table[i as usize].event)) {
+        let event = GpuEvent(events.table[i as usize].event);
+        called = now();
+        match b.record(device, event) {
             Ok(stream) => Ok((i, stream)),
             Err(e) => {
                 events.free.push(i);
@@ -686,6 +729,7 @@ fn record_boundary(
         Ok((slot, stream)) => {
             t.recorded += 1;
             let after = now();
+            t.record_ticks += after.saturating_sub(called);
             let e = &mut events.table[slot as usize];
             // Held by the span and by `last`.
             e.holds = 2;

@@ -66,6 +66,8 @@ pub(crate) fn gpu_timing_cost() -> super::GpuTimingCost {
         cpu_ns: super::clock::delta_ns(0, d[1]),
         events_recorded: d[2],
         events_reused: d[3],
+        record_ns: super::clock::delta_ns(0, d[4]),
+        span_cost_hist: std::array::from_fn(|i| d[gpu::COST_SCALARS + i]),
         reuse_window_ns: gpu::reuse_window_ns(),
     }
 }
@@ -142,8 +144,9 @@ struct Local {
     slot: Option<Arc<ThreadSlot>>,
     /// Args of open spans, by start tick.
     args: Vec<(u64, Arg)>,
-    /// GPU halves of open GPU-timed spans (with the step they began in), by start tick.
-    gpus: Vec<(u64, GpuPart, u64)>,
+    /// GPU halves of open GPU-timed spans (with the step they began in and the ticks
+    /// their begin spent in the recorder), by start tick.
+    gpus: Vec<(u64, GpuPart, u64, u64)>,
     /// Open step spans: start tick, step number, the thread's step (+1) to restore.
     steps: Vec<(u64, u64, u64)>,
     /// Current step + 1 (0: none), set by [`step_span`]; GPU spans carry it.
@@ -495,6 +498,7 @@ fn end_span(r: &Rec, kind: Kind, end: u64) {
 fn end_slow(r: &Rec, kind: Kind, end: u64) {
     let mut head = head_of(r, kind, end);
     let start = r.start;
+    let mut begin_ticks = 0;
     let gathered = LOCAL.try_with(|l| {
         let mut l = l.borrow_mut();
         let l = &mut *l;
@@ -508,7 +512,8 @@ fn end_slow(r: &Rec, kind: Kind, end: u64) {
         let mut part = None;
         if r.gpu {
             if let Some(k) = l.gpus.iter().rposition(|g| g.0 == start) {
-                let (_, mut g, step) = l.gpus.remove(k);
+                let (_, mut g, step, ticks) = l.gpus.remove(k);
+                begin_ticks = ticks;
                 l.gpu_depth = l.gpu_depth.saturating_sub(1);
                 let holds = &l.slot.get_or_insert_with(new_slot).holds;
                 if gpu::record_end(holds, &mut g, &mut l.gpu, end) {
@@ -556,11 +561,12 @@ fn end_slow(r: &Rec, kind: Kind, end: u64) {
                 return;
             };
             if timed {
-                l.gpu.ticks += t.saturating_sub(end);
-                l.gpu.spans += 1;
+                let bucket = l.gpu.span_done(begin_ticks + t.saturating_sub(end));
                 let totals = l.gpu.totals();
-                for (c, v) in l.slot().gpu_cost.iter().zip(totals) {
-                    c.store(v, Ordering::Relaxed);
+                // Only the fields that can have changed: the counters and one bucket.
+                let cost = &l.slot().gpu_cost;
+                for i in (0..gpu::COST_SCALARS).chain([gpu::COST_SCALARS + bucket]) {
+                    cost[i].store(totals[i], Ordering::Relaxed);
                 }
             }
         });
@@ -635,12 +641,11 @@ pub fn gpu_span(name: Name) -> Span {
             r.flow_out = true;
             r.flow_in = false;
             let step = l.step;
-            l.gpus.push((r.start, part, step));
             l.gpu_depth += 1;
-            if let Some(last) = l.gpu.last.as_mut() {
-                let t = last.touch();
-                l.gpu.ticks += t.saturating_sub(r.start);
-            }
+            // The begin's cost is counted with the span, at its end.
+            let t = l.gpu.last.as_mut().map_or(r.start, |last| last.touch());
+            l.gpus
+                .push((r.start, part, step, t.saturating_sub(r.start)));
         });
     }
     s
