@@ -50,8 +50,12 @@ pub fn breakdown(b: &Breakdown, top: usize, color: bool) -> String {
         s.count,
         ms(s.p50_us),
         ms(s.p95_us),
-        opt(s.tokens_per_s, |v| format!(", {v:.0} tokens/s")),
-        opt(s.gpu_idle_share, |v| format!(", GPU idle {}%", pct(v)))
+        s.tokens_per_s
+            .map(|v| format!(", {v:.0} tokens/s"))
+            .unwrap_or_default(),
+        s.gpu_idle_share
+            .map(|v| format!(", GPU idle {}%", pct(v)))
+            .unwrap_or_default()
     );
 
     let _ = writeln!(out, "\nTop findings:");

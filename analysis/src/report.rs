@@ -72,11 +72,12 @@ fn breakdown_html(out: &mut String, trace: &Trace, b: &Breakdown) -> anyhow::Res
         s.count,
         ms(s.p50_us),
         ms(s.p95_us),
-        opt(s.tokens_per_s, |v| format!(", {v:.0} tokens/s")),
-        opt(s.gpu_idle_share, |v| format!(
-            ", GPU idle {:.1}%",
-            v * 100.0
-        ))
+        s.tokens_per_s
+            .map(|v| format!(", {v:.0} tokens/s"))
+            .unwrap_or_default(),
+        s.gpu_idle_share
+            .map(|v| format!(", GPU idle {:.1}%", v * 100.0))
+            .unwrap_or_default()
     );
     for w in &b.warnings {
         let _ = write!(out, "<p class=warn>warning: {}</p>", esc(&w.to_string()));

@@ -401,3 +401,35 @@ fn broken_pipe_is_not_an_error() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// The run line names only what the run has: nothing stands in for a missing tokens/s
+/// (a Kineto trace has no token counts) or GPU idle share (a CPU-only trace).
+#[test]
+fn run_line_omits_what_a_run_lacks() {
+    let first_line = |file: &str| {
+        let out = bin().arg("breakdown").arg(fixture(file)).output().unwrap();
+        assert!(out.status.success());
+        let text = String::from_utf8(out.stdout).unwrap();
+        text.lines().next().unwrap().to_string()
+    };
+    let neither = first_line("kineto_cpu.json.gz");
+    assert!(neither.starts_with("run ") && neither.ends_with(" ms"), "{neither}");
+    let gpu_only = first_line("kineto_gpu_shaped.json");
+    assert!(gpu_only.contains(" ms, GPU idle ") && gpu_only.ends_with('%'), "{gpu_only}");
+    let both = first_line("dflash_small.json");
+    assert!(both.contains(" tokens/s, GPU idle "), "{both}");
+
+    let tmp = tempfile::tempdir().unwrap();
+    let html = tmp.path().join("r.html");
+    let run = fixture("kineto_cpu.json.gz");
+    bin()
+        .args(["report", "--out"])
+        .arg(&html)
+        .arg(&run)
+        .arg(&run)
+        .assert()
+        .success();
+    let text = std::fs::read_to_string(&html).unwrap();
+    assert!(text.contains(" ms</p>"), "the run line ends at its last figure");
+    assert!(!text.contains("ms-"), "no placeholder after the figures");
+}
