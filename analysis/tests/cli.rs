@@ -413,9 +413,15 @@ fn run_line_omits_what_a_run_lacks() {
         text.lines().next().unwrap().to_string()
     };
     let neither = first_line("kineto_cpu.json.gz");
-    assert!(neither.starts_with("run ") && neither.ends_with(" ms"), "{neither}");
+    assert!(
+        neither.starts_with("run ") && neither.ends_with(" ms"),
+        "{neither}"
+    );
     let gpu_only = first_line("kineto_gpu_shaped.json");
-    assert!(gpu_only.contains(" ms, GPU idle ") && gpu_only.ends_with('%'), "{gpu_only}");
+    assert!(
+        gpu_only.contains(" ms, GPU idle ") && gpu_only.ends_with('%'),
+        "{gpu_only}"
+    );
     let both = first_line("dflash_small.json");
     assert!(both.contains(" tokens/s, GPU idle "), "{both}");
 
@@ -430,6 +436,9 @@ fn run_line_omits_what_a_run_lacks() {
         .assert()
         .success();
     let text = std::fs::read_to_string(&html).unwrap();
-    assert!(text.contains(" ms</p>"), "the run line ends at its last figure");
+    assert!(
+        text.contains(" ms</p>"),
+        "the run line ends at its last figure"
+    );
     assert!(!text.contains("ms-"), "no placeholder after the figures");
 }

@@ -300,9 +300,13 @@ impl LastRecord {
 pub(crate) const REUSE_NS: u64 = 200;
 /// The largest window a calibration may set.
 const REUSE_MAX_NS: u64 = 2_000;
-/// The window measured at calibration: half the cheapest event record seen on this host
-/// (queuing any work, a kernel launch included, costs at least one such record), and
-/// never below [`REUSE_NS`]. Zero: not calibrated, [`REUSE_NS`] holds.
+/// The window measured at calibration: the cheapest event record seen on this host, and
+/// never below [`REUSE_NS`]. An event record only queues a marker; queuing work (a kernel
+/// launch, a copy, a memset) costs more CPU than that, so a gap shorter than the cheapest
+/// record holds no work. (Half of it, as before, left a fifth of the training boundaries
+/// just outside the window: 1.09-1.25 events per span against 1.05 from 1 us up, with no
+/// change in the sections' GPU times; docs/gpu-results.md.) Zero: not calibrated,
+/// [`REUSE_NS`] holds.
 static REUSE_CALIBRATED_NS: AtomicU64 = AtomicU64::new(0);
 /// A window set by [`set_gpu_event_reuse_window`]; `u64::MAX`: none.
 static REUSE_OVERRIDE_NS: AtomicU64 = AtomicU64::new(u64::MAX);
@@ -328,12 +332,16 @@ pub fn reuse_window_ns() -> u64 {
     }
 }
 
-/// Times a few event records on the backend's calibration stream and sets the reuse
-/// window from the cheapest (see [`REUSE_CALIBRATED_NS`]). Cold: at a device's first
+/// Event records timed to calibrate the reuse window: enough that the cheapest is near
+/// the host's floor (a few of the first records in a process are slow).
+const REUSE_CAL_RECORDS: usize = 32;
+
+/// Times event records on the backend's calibration stream and sets the reuse window
+/// from the cheapest (see [`REUSE_CALIBRATED_NS`]). Cold: at a device's first
 /// calibration.
 fn calibrate_reuse_window(b: &dyn GpuBackend, device: usize) {
     let mut best = u64::MAX;
-    for _ in 0..8 {
+    for _ in 0..REUSE_CAL_RECORDS {
         let t0 = now();
         let Ok(ev) = b.record_calibration(device) else {
             return;
@@ -341,7 +349,7 @@ fn calibrate_reuse_window(b: &dyn GpuBackend, device: usize) {
         best = best.min(delta_ns(t0, now()));
         b.release(device, ev);
     }
-    let window = (best / 2).clamp(REUSE_NS, REUSE_MAX_NS);
+    let window = best.clamp(REUSE_NS, REUSE_MAX_NS);
     // Several devices: the smallest window holds for all of them.
     let _ = REUSE_CALIBRATED_NS.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |w| {
         Some(if w == 0 { window } else { w.min(window) })
