@@ -22,7 +22,11 @@
 //! in the same runs: two raw TSC reads and a Vec push 20.7-23.9 / 24-27 ns (one `rdtsc` costs
 //! 10 ns on this CPU, so two clock reads are 20 ns of every span); two `Instant::now()`
 //! 47-57 / 49-68 ns. Criterion's means carry this VM's noise: they sit 3-6 ns above the
-//! best rounds even for the floor. On the H200 host's CPU
+//! best rounds even for the floor. The VM runs in two speeds: timed batch by batch
+//! (2000 batches of 2000), the floor's 10th percentile is 21.1-22.1 ns and its median
+//! 25.6-27.7 ns, and the enabled span's 27.2-31.1 and 34.9-37.2 ns, about 1.3x the floor
+//! in both. Criterion's mean for an enabled span was 23.5 ns (floor 17.2 ns) in one quiet
+//! period and 31.6-38.7 ns (floor 21.0-27.4 ns) in thirteen other runs. On the H200 host's CPU
 //! (docs/gpu-results/trace_span_bench.txt) reading the TSC is slower: that floor is
 //! 40-48 ns there, and an enabled span costs the same as it.
 use std::hint::black_box;
