@@ -318,6 +318,19 @@ fn gzip_and_plain_give_the_same_breakdown() {
     assert_eq!(plain["sections"], zipped["sections"]);
 }
 
+/// `report RUN RUN` into `dir`; the page's text.
+fn report_of(run: &std::path::Path, dir: &std::path::Path) -> String {
+    let html = dir.join("r.html");
+    bin()
+        .args(["report", "--out"])
+        .arg(&html)
+        .arg(run)
+        .arg(run)
+        .assert()
+        .success();
+    std::fs::read_to_string(&html).unwrap()
+}
+
 #[test]
 fn export_plot_and_report_write_files() {
     let tmp = tempfile::tempdir().unwrap();
@@ -365,15 +378,7 @@ fn export_plot_and_report_write_files() {
             );
         }
     }
-    let html = tmp.path().join("r.html");
-    bin()
-        .args(["report", "--out"])
-        .arg(&html)
-        .arg(&run)
-        .arg(&run)
-        .assert()
-        .success();
-    let text = std::fs::read_to_string(&html).unwrap();
+    let text = report_of(&run, tmp.path());
     assert!(text.contains("<svg") && text.contains("Top findings") && text.contains("Comparison"));
     assert!(!text.contains("src=\"http"));
 }
@@ -426,16 +431,7 @@ fn run_line_omits_what_a_run_lacks() {
     assert!(both.contains(" tokens/s, GPU idle "), "{both}");
 
     let tmp = tempfile::tempdir().unwrap();
-    let html = tmp.path().join("r.html");
-    let run = fixture("kineto_cpu.json.gz");
-    bin()
-        .args(["report", "--out"])
-        .arg(&html)
-        .arg(&run)
-        .arg(&run)
-        .assert()
-        .success();
-    let text = std::fs::read_to_string(&html).unwrap();
+    let text = report_of(&fixture("kineto_cpu.json.gz"), tmp.path());
     assert!(
         text.contains(" ms</p>"),
         "the run line ends at its last figure"
