@@ -399,19 +399,16 @@ impl ThreadGpu {
         b
     }
 
-    /// The totals in [`COST_FIELDS`] order: spans, ticks, events recorded, events reused,
-    /// record ticks, then the histogram.
-    pub(crate) fn totals(&self) -> [u64; COST_FIELDS] {
-        let mut t = [0; COST_FIELDS];
-        t[..COST_SCALARS].copy_from_slice(&[
+    /// The counters in [`COST_FIELDS`] order (spans, ticks, events recorded, events
+    /// reused, record ticks); the histogram follows them there.
+    pub(crate) fn scalars(&self) -> [u64; COST_SCALARS] {
+        [
             self.spans,
             self.ticks,
             self.recorded,
             self.reused,
             self.record_ticks,
-        ]);
-        t[COST_SCALARS..].copy_from_slice(&self.hist);
-        t
+        ]
     }
 }
 

@@ -562,12 +562,13 @@ fn end_slow(r: &Rec, kind: Kind, end: u64) {
             };
             if timed {
                 let bucket = l.gpu.span_done(begin_ticks + t.saturating_sub(end));
-                let totals = l.gpu.totals();
+                let (scalars, count) = (l.gpu.scalars(), l.gpu.hist[bucket]);
                 // Only the fields that can have changed: the counters and one bucket.
                 let cost = &l.slot().gpu_cost;
-                for i in (0..gpu::COST_SCALARS).chain([gpu::COST_SCALARS + bucket]) {
-                    cost[i].store(totals[i], Ordering::Relaxed);
+                for (c, v) in cost.iter().zip(scalars) {
+                    c.store(v, Ordering::Relaxed);
                 }
+                cost[gpu::COST_SCALARS + bucket].store(count, Ordering::Relaxed);
             }
         });
     }

@@ -47,7 +47,7 @@ use std::sync::Arc;
 pub use event::{ArgValue, MAX_ARGS};
 pub use gpu::{
     reuse_window_ns, set_gpu_event_reuse_window, DeviceProperties, GpuBackend, GpuError, GpuEvent,
-    MAX_DEVICES,
+    COST_BUCKETS as SPAN_COST_BUCKETS, COST_BUCKET_NS as SPAN_COST_BUCKET_NS, MAX_DEVICES,
 };
 pub use local::{
     bind_gpu, counter, enabled, gpu_span, next_flow_id, queue_span, set_thread_name,
@@ -120,8 +120,6 @@ pub struct GpuTimingCost {
     /// The reuse window in force at the end (see `set_gpu_event_reuse_window`).
     pub reuse_window_ns: u64,
 }
-
-pub use gpu::{COST_BUCKETS as SPAN_COST_BUCKETS, COST_BUCKET_NS as SPAN_COST_BUCKET_NS};
 
 impl Default for GpuTimingCost {
     fn default() -> Self {
