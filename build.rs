@@ -1,10 +1,12 @@
 //! Links libtorch so that CUDA stays available, sets an rpath to it, and compiles the
-//! small C++ shim over c10::cuda (streams, events) that tch does not expose.
+//! small C++ shim over c10::cuda (streams, events) that tch does not expose, and the
+//! CUDA activity capture (CUPTI, loaded at run time; only its headers are needed here).
 use std::env;
 use std::path::PathBuf;
 
 fn main() {
     println!("cargo:rerun-if-changed=src/cuda/shim.cpp");
+    println!("cargo:rerun-if-changed=src/cuda/activity.cpp");
     println!("cargo:rerun-if-env-changed=DFLASH_NVIDIA_DIR");
     let lib = PathBuf::from(
         env::var("DEP_TCH_LIBTORCH_LIB").expect("torch-sys did not report DEP_TCH_LIBTORCH_LIB"),
@@ -35,6 +37,7 @@ fn main() {
     cc::Build::new()
         .cpp(true)
         .file("src/cuda/shim.cpp")
+        .file("src/cuda/activity.cpp")
         .include(torch.join("include"))
         .include(torch.join("include/torch/csrc/api/include"))
         .include(&cuda_include)
