@@ -4,6 +4,7 @@ use std::fs::File;
 use std::path::{Path, PathBuf};
 
 use polars::prelude::*;
+use polars_io::prelude::{CsvWriter, ParquetWriter, SerWriter};
 
 use crate::load::Trace;
 use crate::queries as q;
