@@ -7,7 +7,7 @@ use clap::Parser;
 
 use dflash::model::Qwen3Config;
 use dflash::train::config::TrainConfig;
-use dflash::train::pipeline::{self, RunOptions, TrainError};
+use dflash::train::pipeline::{self, RunOptions, RunStatus, TrainError};
 use dflash::train::pretrain::{self, PretrainConfig};
 
 mod cli;
@@ -37,7 +37,7 @@ fn main() -> ExitCode {
         tch::set_num_threads(1);
     }
     match run(cli) {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(code) => code,
         Err(e) => {
             eprintln!("error: {e:#}");
             if e.downcast_ref::<Usage>().is_some() {
@@ -49,10 +49,10 @@ fn main() -> ExitCode {
     }
 }
 
-fn run(cli: Cli) -> anyhow::Result<()> {
+fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Train(args) => train(args),
-        Command::PretrainTarget(args) => pretrain_target(args),
+        Command::PretrainTarget(args) => pretrain_target(args).map(|()| ExitCode::SUCCESS),
     }
 }
 
@@ -94,7 +94,7 @@ fn train_config(args: &TrainArgs) -> anyhow::Result<TrainConfig> {
     Ok(cfg)
 }
 
-fn train(args: TrainArgs) -> anyhow::Result<()> {
+fn train(args: TrainArgs) -> anyhow::Result<ExitCode> {
     let run_dir = match (&args.trace, &args.run_dir) {
         (Some(t), Some(r)) if t != r => bail!(Usage(format!(
             "--trace {} and --run-dir {} differ: the trace is written into the run directory, give one of them",
@@ -127,10 +127,27 @@ fn train(args: TrainArgs) -> anyhow::Result<()> {
     if !args.quiet {
         eprintln!("dflash train: run directory {}", run_dir.display());
     }
+    let steps = cfg.steps;
     let report = pipeline::run(cfg, &opts).map_err(|e| match e {
         TrainError::Setup(m) => usage(m),
         other => anyhow::Error::new(other),
     })?;
+    if report.status == RunStatus::AlreadyDone {
+        if report.step >= steps {
+            eprintln!(
+                "{} is already finished ({} of {steps} steps): nothing to do",
+                run_dir.display(),
+                report.step
+            );
+        } else {
+            eprintln!(
+                "{} is already at step {}, at or past --stop-after: nothing to do",
+                run_dir.display(),
+                report.step
+            );
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
     if !args.quiet {
         let first = report.losses.first().copied().unwrap_or(f64::NAN);
         let last = report.losses.last().copied().unwrap_or(f64::NAN);
@@ -155,7 +172,11 @@ fn train(args: TrainArgs) -> anyhow::Result<()> {
             );
         }
     }
-    Ok(())
+    // as shells expect: 128 + the signal (130 for SIGINT, 143 for SIGTERM)
+    Ok(match report.signal_number {
+        Some(sig) => ExitCode::from((128 + sig) as u8),
+        None => ExitCode::SUCCESS,
+    })
 }
 
 /// On resume: start from the saved config and apply only what this command changed

@@ -5,6 +5,9 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+/// The default time between checkpoints: a killed run loses at most this much.
+pub const DEFAULT_CHECKPOINT_MINUTES: f64 = 10.0;
+
 /// Every setting of a training run. Defaults are the embedded default run.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -51,8 +54,13 @@ pub struct TrainConfig {
     pub drafter_device: String,
     /// Capacity of the hidden-state queue, in batches.
     pub queue_capacity: usize,
-    /// Save a checkpoint every N steps (0: only at the end).
+    /// Save a checkpoint every N steps (0: no step interval).
     pub checkpoint_every: i64,
+    /// Save a checkpoint when this many minutes have passed since the last one, so a
+    /// killed run loses at most that much (0: no time interval).
+    pub checkpoint_minutes: f64,
+    /// Keep the newest K checkpoints (0: all).
+    pub keep_checkpoints: i64,
     /// Print a progress line every N steps.
     pub log_every: i64,
     /// Traced steps, `a..b` (half-open); empty: a short window after warm-up.
@@ -95,6 +103,8 @@ impl Default for TrainConfig {
             drafter_device: "cpu".into(),
             queue_capacity: 4,
             checkpoint_every: 0,
+            checkpoint_minutes: DEFAULT_CHECKPOINT_MINUTES,
+            keep_checkpoints: 2,
             log_every: 10,
             trace_steps: None,
             trace_gzip: false,
@@ -119,6 +129,12 @@ pub enum ConfigError {
     Set { assignment: String, message: String },
     #[error("bad config: {0}")]
     Invalid(String),
+    #[error("bad config: {field} = {value} is outside its allowed range {allowed}")]
+    Range {
+        field: String,
+        value: String,
+        allowed: String,
+    },
 }
 
 impl TrainConfig {
@@ -188,6 +204,8 @@ impl TrainConfig {
             "drafter_device",
             "queue_capacity",
             "checkpoint_every",
+            "checkpoint_minutes",
+            "keep_checkpoints",
             "log_every",
             "trace_steps",
             "trace_gzip",
@@ -197,46 +215,10 @@ impl TrainConfig {
         ]
     }
 
-    /// Checks what can be checked without loading anything.
+    /// Checks every setting against its allowed range (see [`super::limits`]), without
+    /// loading anything.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        let bad = |m: String| Err(ConfigError::Invalid(m));
-        if self.steps <= 0 {
-            return bad(format!("steps must be positive, got {}", self.steps));
-        }
-        if self.seq_len < 2 || self.batch_tokens < self.seq_len {
-            return bad(format!(
-                "need seq_len >= 2 and batch_tokens >= seq_len, got seq_len {} and batch_tokens {}",
-                self.seq_len, self.batch_tokens
-            ));
-        }
-        if self.num_anchors <= 0 || self.block_size < 2 || self.drafter_layers <= 0 {
-            return bad(
-                "num_anchors and drafter_layers must be positive and block_size at least 2".into(),
-            );
-        }
-        if self.queue_capacity == 0 {
-            return bad("queue_capacity must be at least 1".into());
-        }
-        if self.target_devices.is_empty() {
-            return bad(
-                "target_devices is empty; give at least one device, e.g. --target-devices cpu"
-                    .into(),
-            );
-        }
-        if !(0.0..1.0).contains(&self.heldout_fraction) {
-            return bad(format!(
-                "heldout_fraction must be in [0, 1), got {}",
-                self.heldout_fraction
-            ));
-        }
-        if self.sliding_layers < 0 || self.sliding_layers > self.drafter_layers {
-            return bad(format!(
-                "sliding_layers {} must be within 0..={}",
-                self.sliding_layers, self.drafter_layers
-            ));
-        }
-        self.trace_window()?;
-        Ok(())
+        super::limits::check(self)
     }
 
     /// The traced step window `[a, b)`.

@@ -3,8 +3,11 @@
 pub mod checkpoint;
 pub mod config;
 pub mod data;
+pub mod limits;
+pub mod memory;
 pub mod optim;
 pub mod pipeline;
 pub mod pretrain;
 pub mod queue;
+pub mod run_dir;
 pub mod step;

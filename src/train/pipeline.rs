@@ -2,9 +2,8 @@
 //! (the calling thread) trains from it. Everything that can be checked is checked before
 //! any training work starts; errors found then are [`TrainError::Setup`] (exit code 2).
 use std::fs;
-use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -19,12 +18,15 @@ use crate::model::{
 };
 use crate::trace::{self, Recorder, RecorderConfig};
 use crate::trace_name;
+use crate::{durable, run_files};
 
-use super::checkpoint::{self, RunState};
+use super::checkpoint::{self, Checkpoint, RunState};
 use super::config::TrainConfig;
 use super::data::{self, bytes, Dataset, Loader};
+use super::memory;
 use super::optim::{lr_at, AdamWConfig};
 use super::queue::{HiddenQueue, QueueError};
+use super::run_dir::{self, MetricsLog, RunDir};
 use super::step::{Batch, DrafterTrainer, StepConfig, StepMetrics};
 
 /// Failures of a training run.
@@ -69,9 +71,28 @@ pub struct Eval {
     pub tau_hat: f64,
 }
 
-/// What a run did.
+/// Where a run ended.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RunStatus {
+    /// All `steps` done, the drafter exported.
+    #[default]
+    Finished,
+    /// Stopped before the end (a signal or `--stop-after`); continue with `--resume`.
+    Stopped,
+    /// A resume found nothing to do (finished, or already at `--stop-after`); nothing
+    /// was changed.
+    AlreadyDone,
+}
+
+/// What a run did (`RUN_DIR/summary.json`).
 #[derive(Debug, Clone, Default, serde::Serialize)]
 pub struct RunReport {
+    pub status: RunStatus,
+    /// Steps done in all, where the run stands.
+    pub step: i64,
+    /// Steps the run is planned for.
+    pub steps: i64,
     pub start_step: i64,
     pub steps_done: i64,
     pub losses: Vec<f64>,
@@ -80,9 +101,26 @@ pub struct RunReport {
     pub heldout_before: Option<Eval>,
     pub heldout_after: Option<Eval>,
     pub stopped_by_signal: bool,
+    /// The signal that stopped the run ("SIGINT", "SIGTERM").
+    pub signal: Option<String>,
+    #[serde(skip)]
+    pub signal_number: Option<i32>,
+    /// The last complete checkpoint.
+    pub checkpoint: Option<PathBuf>,
+    /// The exported drafter (finished runs).
+    pub drafter: Option<PathBuf>,
     pub trace: Option<PathBuf>,
     /// What GPU-timed spans cost the workers' CPU (traced CUDA runs).
     pub trace_gpu_cost: Option<trace::GpuTimingCost>,
+}
+
+impl RunReport {
+    /// The last complete checkpoint, if the run saved one.
+    fn last_checkpoint(&self) -> Option<Checkpoint> {
+        let dir = self.checkpoint.clone()?;
+        let step = checkpoint::read_state(&dir).ok()?.step;
+        Some(Checkpoint { dir, step })
+    }
 }
 
 /// Seed of step `step`'s anchor draw: a function of the run seed and the step alone, so a
@@ -175,8 +213,9 @@ struct Plan {
     data: Dataset,
 }
 
-fn plan(cfg: TrainConfig) -> Result<Plan, TrainError> {
+fn plan(cfg: TrainConfig, opts: &RunOptions) -> Result<Plan, TrainError> {
     cfg.validate().map_err(TrainError::setup)?;
+    super::limits::check_stop_after(opts.stop_after).map_err(TrainError::setup)?;
     let target_devices = cfg
         .target_devices
         .iter()
@@ -248,6 +287,10 @@ fn plan(cfg: TrainConfig) -> Result<Plan, TrainError> {
             .map_err(TrainError::setup)?
         }
     };
+    check_loss_weights(&data, &cfg)?;
+    let load = largest_load(&data, &cfg);
+    memory::check(&drafter_cfg, &load, drafter_device, &target_devices)
+        .map_err(TrainError::Setup)?;
     Ok(Plan {
         cfg,
         target_cfg,
@@ -257,6 +300,52 @@ fn plan(cfg: TrainConfig) -> Result<Plan, TrainError> {
         drafter_device,
         data,
     })
+}
+
+/// Refuses data on which no position has a loss weight: every step would train on
+/// nothing (loss 0, gradient 0).
+fn check_loss_weights(data: &Dataset, cfg: &TrainConfig) -> Result<(), TrainError> {
+    // an anchor needs two neighbouring positions with a weight (see sample_anchors)
+    let trainable = data
+        .train
+        .iter()
+        .any(|s| s.mask.windows(2).any(|w| w[0] != 0 && w[1] != 0));
+    if trainable {
+        return Ok(());
+    }
+    let what = cfg
+        .data
+        .as_ref()
+        .map_or_else(|| "the data".to_string(), |p| p.display().to_string());
+    Err(TrainError::Setup(format!(
+        "{what}: no position has a loss weight (loss_mask is 0 everywhere, or never 1 on two neighbouring tokens): there is nothing to train on"
+    )))
+}
+
+/// The shape of the largest batch the loader will make, for the memory estimate.
+fn largest_load(data: &Dataset, cfg: &TrainConfig) -> memory::Load {
+    let (batch, seq) = data::plan_batches(&data.train, cfg.batch_tokens)
+        .iter()
+        .map(|b| {
+            let longest = b
+                .iter()
+                .map(|&i| data.train[i].ids.len())
+                .max()
+                .unwrap_or(0);
+            (b.len() as i64, longest as i64)
+        })
+        .max_by_key(|&(b, s)| {
+            let q = cfg.num_anchors * cfg.block_size;
+            (b as i128) * (q as i128) * ((s + q) as i128)
+        })
+        .unwrap_or((1, cfg.seq_len as i64));
+    memory::Load {
+        batch,
+        seq,
+        num_anchors: cfg.num_anchors,
+        chunk_blocks: cfg.chunk_blocks,
+        queue_capacity: cfg.queue_capacity as i64,
+    }
 }
 
 /// One item on the hidden-state queue.
@@ -444,110 +533,158 @@ fn torch_version() -> String {
         .to_string()
 }
 
-/// Prepares the run directory: refuses to overwrite another run, writes the effective
-/// configuration atomically.
-fn prepare_run_dir(dir: &Path, cfg: &TrainConfig, resume: bool) -> Result<(), TrainError> {
-    if !resume && checkpoint::checkpoints_dir(dir).exists() {
-        return Err(TrainError::Setup(format!(
-            "{} already holds a run: pass --resume to continue it, or choose another directory",
-            dir.display()
-        )));
-    }
-    fs::create_dir_all(dir).map_err(|e| {
-        TrainError::Setup(format!(
-            "cannot create run directory {}: {e}",
-            dir.display()
-        ))
-    })?;
-    let tmp = dir.join(".config.toml.tmp");
-    fs::write(&tmp, cfg.to_toml())
-        .and_then(|_| fs::rename(&tmp, dir.join("config.toml")))
-        .map_err(|e| {
-            TrainError::Setup(format!(
-                "cannot write {}: {e}",
-                dir.join("config.toml").display()
-            ))
-        })
+/// A write that failed, as one true line: what was not written, why, and where the run
+/// stands (the last good checkpoint, or that there is none). Exit code 2.
+fn write_failed(
+    what: &str,
+    e: &(dyn std::error::Error + 'static),
+    last: Option<&Checkpoint>,
+    run_dir: &Path,
+) -> TrainError {
+    let cause = if durable::chain_is_disk_full(e) {
+        "the disk is full"
+    } else {
+        "the write failed"
+    };
+    let resume = format!("dflash train --resume --run-dir {}", run_dir.display());
+    let state = match last {
+        Some(c) => format!(
+            "the last good checkpoint is {}: free space (or fix the cause), then `{resume}` continues from it",
+            c.describe()
+        ),
+        None => format!(
+            "there is no checkpoint yet: free space (or fix the cause), then `{resume}` starts over from step 0"
+        ),
+    };
+    TrainError::Setup(format!("{cause}: {what}: {e}; {state}"))
 }
 
-fn checkpoint_error(e: ModelError) -> TrainError {
-    let text = e.to_string();
-    if text.contains("No space left") || text.contains("os error 28") {
-        TrainError::Setup(format!("checkpoint not written, the disk is full: {text} (free space, or point the run directory elsewhere); the previous checkpoint is intact"))
-    } else {
-        TrainError::Setup(format!("checkpoint not written: {text}"))
+/// What the signal handlers set: 0, or the number of the signal that asked to stop.
+type StopFlag = Arc<AtomicUsize>;
+
+fn install_signal_handlers() -> Result<StopFlag, TrainError> {
+    let stop = Arc::new(AtomicUsize::new(0));
+    let armed = Arc::new(AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        // a second signal stops at once (checkpoints are atomic, leftovers are cleaned)
+        signal_hook::flag::register_conditional_shutdown(sig, 128 + sig, armed.clone())
+            .map_err(TrainError::setup)?;
+        signal_hook::flag::register(sig, armed.clone()).map_err(TrainError::setup)?;
+        signal_hook::flag::register_usize(sig, stop.clone(), sig as usize)
+            .map_err(TrainError::setup)?;
     }
+    Ok(stop)
+}
+
+fn signal_name(sig: i32) -> String {
+    match sig {
+        signal_hook::consts::SIGINT => "SIGINT".into(),
+        signal_hook::consts::SIGTERM => "SIGTERM".into(),
+        n => format!("signal {n}"),
+    }
+}
+
+/// A resume with nothing to do: the run finished, or is already at `--stop-after`.
+fn nothing_to_do(
+    dir: &Path,
+    cfg: &TrainConfig,
+    opts: &RunOptions,
+    latest: Option<&Checkpoint>,
+) -> Option<RunReport> {
+    let at = latest.map_or(0, |c| c.step);
+    let summary = run_dir::read_summary(dir);
+    let finished = summary
+        .as_ref()
+        .is_some_and(|s| s["status"] == "finished" && s["steps"].as_i64() == Some(cfg.steps));
+    let stopped_there = opts.stop_after.is_some_and(|n| n < cfg.steps && at >= n);
+    (finished || stopped_there).then(|| RunReport {
+        status: RunStatus::AlreadyDone,
+        step: if finished { cfg.steps } else { at },
+        steps: cfg.steps,
+        start_step: at,
+        ..Default::default()
+    })
+}
+
+/// Starts the recorder on the run directory's next trace file.
+fn start_recorder(plan: &Plan, dir: &Path, window: (i64, i64)) -> Result<Recorder, TrainError> {
+    let cfg = &plan.cfg;
+    let gpu: Option<Arc<dyn trace::GpuBackend>> =
+        if plan.drafter_device.is_cuda() || plan.target_devices.iter().any(|d| d.is_cuda()) {
+            Some(Arc::new(
+                cuda::CudaEvents::new().map_err(TrainError::setup)?,
+            ))
+        } else {
+            None
+        };
+    let segment = run_files::next_trace_segment(dir);
+    let name = run_files::trace_file_name(segment, cfg.trace_gzip);
+    let mut devices: Vec<String> = cfg.target_devices.clone();
+    devices.push(cfg.drafter_device.clone());
+    devices.dedup();
+    let metadata = serde_json::json!({
+        "producer": "dflash",
+        "format": "dflash-trace/1",
+        "dflash_version": env!("CARGO_PKG_VERSION"),
+        "torch_version": torch_version(),
+        "git_revision": git_revision(),
+        "devices": devices,
+        "trace_steps": format!("{}..{}", window.0, window.1),
+        "config": serde_json::to_value(cfg).expect("config serializes"),
+    });
+    let rc = RecorderConfig {
+        path: dir.join(name),
+        gzip: cfg.trace_gzip,
+        metadata,
+        gpu,
+        process_name: "dflash trainer".into(),
+        // each thread records its own window (see set_thread_recording)
+        active: true,
+        ..Default::default()
+    };
+    Recorder::start(rc).map_err(|e| TrainError::Setup(format!("cannot start the trace: {e}")))
 }
 
 /// Runs a training job. Returns when `steps` (or `stop_after`) are done, on SIGINT/SIGTERM,
 /// or on the first error of any worker.
 pub fn run(cfg: TrainConfig, opts: &RunOptions) -> Result<RunReport, TrainError> {
-    let plan = plan(cfg)?;
+    let plan = plan(cfg, opts)?;
     let cfg = plan.cfg.clone();
-    prepare_run_dir(&opts.run_dir, &cfg, opts.resume)?;
+    let mode = if opts.resume {
+        run_dir::Mode::Resume
+    } else {
+        run_dir::Mode::Fresh
+    };
+    let dir = RunDir::open(&opts.run_dir, mode).map_err(TrainError::setup)?;
     let resume_from = if opts.resume {
-        Some(
-            checkpoint::latest(&opts.run_dir)
-                .map_err(TrainError::setup)?
-                .ok_or_else(|| {
-                    TrainError::Setup(format!(
-                        "--resume: {} has no checkpoint yet",
-                        opts.run_dir.display()
-                    ))
-                })?,
-        )
+        checkpoint::latest(dir.path()).map_err(|e| TrainError::Setup(format!("--resume: {e}")))?
     } else {
         None
     };
-    super::step::set_sync_sections(cfg.sync_sections);
-    let stop = Arc::new(AtomicBool::new(false));
-    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
-        signal_hook::flag::register(sig, stop.clone()).map_err(TrainError::setup)?;
+    if opts.resume {
+        if let Some(done) = nothing_to_do(dir.path(), &cfg, opts, resume_from.as_ref()) {
+            return Ok(done);
+        }
+        if !opts.quiet {
+            match &resume_from {
+                Some(c) => eprintln!("resuming from {}", c.describe()),
+                None => eprintln!(
+                    "{} has no checkpoint yet: starting over from step 0 with its configuration",
+                    dir.path().display()
+                ),
+            }
+        }
     }
+    dir.write_config(&cfg).map_err(|e| {
+        let what = format!("writing {}", dir.file(run_files::CONFIG).display());
+        write_failed(&what, &e, resume_from.as_ref(), dir.path())
+    })?;
+    super::step::set_sync_sections(cfg.sync_sections);
+    let stop = install_signal_handlers()?;
 
-    // the recorder
     let window = cfg.trace_window().map_err(TrainError::setup)?;
     let recorder = if opts.trace {
-        let gpu: Option<Arc<dyn trace::GpuBackend>> =
-            if plan.drafter_device.is_cuda() || plan.target_devices.iter().any(|d| d.is_cuda()) {
-                Some(Arc::new(
-                    cuda::CudaEvents::new().map_err(TrainError::setup)?,
-                ))
-            } else {
-                None
-            };
-        let name = if cfg.trace_gzip {
-            "trace.json.gz"
-        } else {
-            "trace.json"
-        };
-        let mut devices: Vec<String> = cfg.target_devices.clone();
-        devices.push(cfg.drafter_device.clone());
-        devices.dedup();
-        let metadata = serde_json::json!({
-            "producer": "dflash",
-            "format": "dflash-trace/1",
-            "dflash_version": env!("CARGO_PKG_VERSION"),
-            "torch_version": torch_version(),
-            "git_revision": git_revision(),
-            "devices": devices,
-            "trace_steps": format!("{}..{}", window.0, window.1),
-            "config": serde_json::to_value(&cfg).expect("config serializes"),
-        });
-        let rc = RecorderConfig {
-            path: opts.run_dir.join(name),
-            gzip: cfg.trace_gzip,
-            metadata,
-            gpu,
-            process_name: "dflash trainer".into(),
-            // each thread records its own window (see set_thread_recording)
-            active: true,
-            ..Default::default()
-        };
-        Some(
-            Recorder::start(rc)
-                .map_err(|e| TrainError::Setup(format!("cannot start the trace: {e}")))?,
-        )
+        Some(start_recorder(&plan, dir.path(), window)?)
     } else {
         None
     };
@@ -576,8 +713,8 @@ pub fn run(cfg: TrainConfig, opts: &RunOptions) -> Result<RunReport, TrainError>
 
     // target workers
     let start_position = match &resume_from {
-        Some(dir) => {
-            checkpoint::read_state(dir)
+        Some(c) => {
+            checkpoint::read_state(&c.dir)
                 .map_err(|e| TrainError::Setup(format!("--resume: {e}")))?
                 .data_position
         }
@@ -619,9 +756,10 @@ pub fn run(cfg: TrainConfig, opts: &RunOptions) -> Result<RunReport, TrainError>
         &plan,
         drafter,
         opts,
+        &dir,
         &queue,
         &head_rx,
-        resume_from.as_deref(),
+        resume_from.as_ref(),
         drafter_stream.as_ref(),
         recorder.as_ref(),
         &stop,
@@ -639,19 +777,26 @@ pub fn run(cfg: TrainConfig, opts: &RunOptions) -> Result<RunReport, TrainError>
     if let Some(rec) = recorder {
         rec.set_active(false);
         if cfg.sync_sections {
-            write_fidelity(&rec, &opts.run_dir, opts.quiet)?;
+            write_fidelity(&rec, dir.path(), opts.quiet)?;
         }
-        let summary = rec
-            .finish()
-            .map_err(|e| TrainError::Runtime(format!("closing the trace: {e}")))?;
+        let path = rec.path().to_path_buf();
+        let last = report.last_checkpoint();
+        let summary = rec.finish().map_err(|e| {
+            write_failed(
+                &format!("the trace {} is incomplete", path.display()),
+                &e,
+                last.as_ref(),
+                dir.path(),
+            )
+        })?;
         report.trace = Some(summary.path);
         report.trace_gpu_cost = Some(summary.gpu_cost).filter(|c| c.spans > 0);
     }
-    let summary_path = opts.run_dir.join("summary.json");
-    let _ = fs::write(
-        &summary_path,
-        serde_json::to_string_pretty(&report).expect("report serializes"),
-    );
+    run_dir::write_summary(dir.path(), &report).map_err(|e| {
+        let last = report.last_checkpoint();
+        let what = format!("writing {}", dir.file(run_files::SUMMARY).display());
+        write_failed(&what, &e, last.as_ref(), dir.path())
+    })?;
     Ok(report)
 }
 
@@ -660,12 +805,13 @@ fn drafter_side(
     plan: &Plan,
     d: model::LoadedDrafter,
     opts: &RunOptions,
+    dir: &RunDir,
     queue: &HiddenQueue<Item>,
     head_rx: &crossbeam_channel::Receiver<TargetHead>,
-    resume_from: Option<&Path>,
+    resume_from: Option<&Checkpoint>,
     stream: Option<&cuda::Stream>,
     recorder: Option<&Recorder>,
-    stop: &AtomicBool,
+    stop: &AtomicUsize,
     window: (i64, i64),
 ) -> Result<RunReport, TrainError> {
     let cfg = &plan.cfg;
@@ -710,12 +856,14 @@ fn drafter_side(
         step: 0,
         data_position: 0,
     };
-    if let Some(dir) = resume_from {
-        state = checkpoint::restore(dir, &mut trainer)
+    if let Some(c) = resume_from {
+        state = checkpoint::restore(&c.dir, &mut trainer)
             .map_err(|e| TrainError::Setup(format!("--resume: {e}")))?;
     }
+    let mut last_checkpoint = resume_from.cloned();
     let mut report = RunReport {
         start_step: state.step,
+        steps: cfg.steps,
         ..Default::default()
     };
     let heldout = heldout_batches(plan, 8);
@@ -723,12 +871,35 @@ fn drafter_side(
         report.heldout_before =
             Some(evaluate(plan, &trainer, &heldout).map_err(TrainError::runtime)?);
     }
-    let metrics_path = opts.run_dir.join("metrics.jsonl");
-    let mut metrics_file = fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(&metrics_path)
-        .map_err(|e| TrainError::Setup(format!("cannot write {}: {e}", metrics_path.display())))?;
+    let metrics_path = dir.file(run_files::METRICS);
+    let mut metrics = MetricsLog::open(&metrics_path, state.step).map_err(|e| {
+        write_failed(
+            &format!("writing {}", metrics_path.display()),
+            &e,
+            last_checkpoint.as_ref(),
+            dir.path(),
+        )
+    })?;
+    let keep = cfg.keep_checkpoints as usize;
+    let save = |trainer: &DrafterTrainer,
+                state: RunState,
+                metrics: &MetricsLog,
+                last: &Option<Checkpoint>|
+     -> Result<Checkpoint, TrainError> {
+        let fail = |e: &(dyn std::error::Error + 'static)| {
+            write_failed(
+                &format!("checkpoint of step {} not written", state.step),
+                e,
+                last.as_ref(),
+                dir.path(),
+            )
+        };
+        metrics.sync().map_err(|e| fail(&e))?;
+        checkpoint::save(dir.path(), trainer, state, keep).map_err(|e| fail(&e))
+    };
+    let interval = (cfg.checkpoint_minutes > 0.0)
+        .then(|| Duration::from_secs_f64(cfg.checkpoint_minutes * 60.0));
+    let mut last_save = Instant::now();
     let warmup = (cfg.steps as f64 * cfg.warmup_ratio).round() as i64;
     let end = opts.stop_after.map_or(cfg.steps, |s| s.min(cfg.steps));
     let get_name = trace_name!("queue.get");
@@ -742,8 +913,11 @@ fn drafter_side(
                 "injected fault (DFLASH_INJECT_FAULT)".into(),
             ));
         }
-        if stop.load(Ordering::Relaxed) {
+        let sig = stop.load(Ordering::Relaxed);
+        if sig != 0 {
             report.stopped_by_signal = true;
+            report.signal_number = Some(sig as i32);
+            report.signal = Some(signal_name(sig as i32));
             break;
         }
         let step = state.step;
@@ -813,7 +987,14 @@ fn drafter_side(
         log_window.2 += wait;
         let line = serde_json::json!({"step": step, "loss": m.loss, "accuracy": m.accuracy, "tau_hat": m.tau_hat,
             "lr": lr, "tokens": m.tokens, "step_ms": dt.as_secs_f64() * 1e3, "queue_wait_ms": wait.as_secs_f64() * 1e3, "grad_norm": m.grad_norm});
-        let _ = writeln!(metrics_file, "{line}");
+        metrics.append(&line).map_err(|e| {
+            write_failed(
+                &format!("writing {}", metrics.path().display()),
+                &e,
+                last_checkpoint.as_ref(),
+                dir.path(),
+            )
+        })?;
         if !opts.quiet && (state.step % cfg.log_every.max(1) == 0 || state.step == end) {
             let secs = log_window.0.elapsed().as_secs_f64();
             eprintln!(
@@ -846,38 +1027,62 @@ fn drafter_side(
                 );
             }
         }
-        if cfg.save_checkpoints
-            && cfg.checkpoint_every > 0
-            && state.step % cfg.checkpoint_every == 0
-            && state.step < end
-        {
-            checkpoint::save(&opts.run_dir, &trainer, state).map_err(checkpoint_error)?;
+        let due = (cfg.checkpoint_every > 0 && state.step % cfg.checkpoint_every == 0)
+            || interval.is_some_and(|i| last_save.elapsed() >= i);
+        if cfg.save_checkpoints && due && state.step < end {
+            last_checkpoint = Some(save(&trainer, state, &metrics, &last_checkpoint)?);
+            last_save = Instant::now();
         }
     }
     report.steps_done = state.step - report.start_step;
+    report.step = state.step;
     if timed > Duration::ZERO {
         report.tokens_per_s = timed_tokens as f64 / timed.as_secs_f64();
         report.mean_step_ms = timed.as_secs_f64() * 1e3 / (report.steps_done - 2).max(1) as f64;
     }
+    let finished = state.step == cfg.steps;
     if cfg.save_checkpoints {
-        checkpoint::save(&opts.run_dir, &trainer, state).map_err(checkpoint_error)?;
-        model::save_drafter(
-            &trainer.vs,
-            &trainer.drafter.cfg,
-            &opts.run_dir.join("drafter"),
-        )
-        .map_err(checkpoint_error)?;
+        if last_checkpoint.as_ref().map(|c| c.step) != Some(state.step) {
+            last_checkpoint = Some(save(&trainer, state, &metrics, &last_checkpoint)?);
+        }
+        if finished {
+            let out = dir.file(run_files::DRAFTER);
+            model::save_drafter(&trainer.vs, &trainer.drafter.cfg, &out).map_err(|e| {
+                write_failed(
+                    &format!(
+                        "training finished but the drafter was not exported to {}",
+                        out.display()
+                    ),
+                    &e,
+                    last_checkpoint.as_ref(),
+                    dir.path(),
+                )
+            })?;
+            report.drafter = Some(out);
+        }
     }
+    report.checkpoint = last_checkpoint.map(|c| c.dir);
+    report.status = if finished {
+        RunStatus::Finished
+    } else {
+        RunStatus::Stopped
+    };
     trace::set_thread_recording(false);
     if !heldout.is_empty() && !report.stopped_by_signal {
         report.heldout_after =
             Some(evaluate(plan, &trainer, &heldout).map_err(TrainError::runtime)?);
     }
     if report.stopped_by_signal && !opts.quiet {
+        let saved = if cfg.save_checkpoints {
+            "checkpoint saved"
+        } else {
+            "no checkpoint (save_checkpoints is off)"
+        };
         eprintln!(
-            "stopped by signal after step {}; checkpoint saved: continue with --resume {}",
+            "stopped by {} after step {}; {saved}: continue with --resume {}",
+            report.signal.as_deref().unwrap_or("a signal"),
             state.step,
-            opts.run_dir.display()
+            dir.path().display()
         );
     }
     Ok(report)
