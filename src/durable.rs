@@ -255,10 +255,20 @@ pub fn is_leftover(name: &str) -> bool {
 
 static CRASH_AT: OnceLock<Option<u64>> = OnceLock::new();
 static PASSED: AtomicU64 = AtomicU64::new(0);
+/// In-process fault injection (tests): the point that panics, 0 for none.
+static PANIC_AT: AtomicU64 = AtomicU64::new(0);
 
 /// A point where a crash must leave things consistent. With `DFLASH_CRASH_AT=N` set, the
 /// N-th point passed kills the process (SIGKILL: no destructor, no buffered write runs).
 pub fn crash_point(what: &str) {
+    let panic_at = PANIC_AT.load(Ordering::Relaxed);
+    if panic_at != 0 {
+        if PASSED.fetch_add(1, Ordering::Relaxed) + 1 == panic_at {
+            PANIC_AT.store(0, Ordering::Relaxed);
+            panic!("injected crash at \"{what}\"");
+        }
+        return;
+    }
     let at = *CRASH_AT.get_or_init(|| {
         std::env::var("DFLASH_CRASH_AT")
             .ok()
@@ -275,6 +285,14 @@ pub fn crash_point(what: &str) {
             libc::raise(libc::SIGKILL);
         }
     }
+}
+
+/// Tests: makes the `n`-th [`crash_point`] from now panic (a crash without clean-up, as
+/// long as no destructor writes), or none with 0. Process-wide.
+#[doc(hidden)]
+pub fn panic_at_crash_point(n: u64) {
+    PASSED.store(0, Ordering::Relaxed);
+    PANIC_AT.store(n, Ordering::Relaxed);
 }
 
 #[cfg(test)]

@@ -540,6 +540,7 @@ fn write_failed(
     e: &(dyn std::error::Error + 'static),
     last: Option<&Checkpoint>,
     run_dir: &Path,
+    saving: bool,
 ) -> TrainError {
     let cause = if durable::chain_is_disk_full(e) {
         "the disk is full"
@@ -552,8 +553,11 @@ fn write_failed(
             "the last good checkpoint is {}: free space (or fix the cause), then `{resume}` continues from it",
             c.describe()
         ),
-        None => format!(
+        None if saving => format!(
             "there is no checkpoint yet: free space (or fix the cause), then `{resume}` starts over from step 0"
+        ),
+        None => format!(
+            "no checkpoint is saved (save_checkpoints is off): free space (or fix the cause), then `{resume}` starts over from step 0"
         ),
     };
     TrainError::Setup(format!("{cause}: {what}: {e}; {state}"))
@@ -677,7 +681,13 @@ pub fn run(cfg: TrainConfig, opts: &RunOptions) -> Result<RunReport, TrainError>
     }
     dir.write_config(&cfg).map_err(|e| {
         let what = format!("writing {}", dir.file(run_files::CONFIG).display());
-        write_failed(&what, &e, resume_from.as_ref(), dir.path())
+        write_failed(
+            &what,
+            &e,
+            resume_from.as_ref(),
+            dir.path(),
+            cfg.save_checkpoints,
+        )
     })?;
     super::step::set_sync_sections(cfg.sync_sections);
     let stop = install_signal_handlers()?;
@@ -787,6 +797,7 @@ pub fn run(cfg: TrainConfig, opts: &RunOptions) -> Result<RunReport, TrainError>
                 &e,
                 last.as_ref(),
                 dir.path(),
+                cfg.save_checkpoints,
             )
         })?;
         report.trace = Some(summary.path);
@@ -795,7 +806,7 @@ pub fn run(cfg: TrainConfig, opts: &RunOptions) -> Result<RunReport, TrainError>
     run_dir::write_summary(dir.path(), &report).map_err(|e| {
         let last = report.last_checkpoint();
         let what = format!("writing {}", dir.file(run_files::SUMMARY).display());
-        write_failed(&what, &e, last.as_ref(), dir.path())
+        write_failed(&what, &e, last.as_ref(), dir.path(), cfg.save_checkpoints)
     })?;
     Ok(report)
 }
@@ -878,6 +889,7 @@ fn drafter_side(
             &e,
             last_checkpoint.as_ref(),
             dir.path(),
+            cfg.save_checkpoints,
         )
     })?;
     let keep = cfg.keep_checkpoints as usize;
@@ -892,6 +904,7 @@ fn drafter_side(
                 e,
                 last.as_ref(),
                 dir.path(),
+                cfg.save_checkpoints,
             )
         };
         metrics.sync().map_err(|e| fail(&e))?;
@@ -993,6 +1006,7 @@ fn drafter_side(
                 &e,
                 last_checkpoint.as_ref(),
                 dir.path(),
+                cfg.save_checkpoints,
             )
         })?;
         if !opts.quiet && (state.step % cfg.log_every.max(1) == 0 || state.step == end) {
@@ -1056,6 +1070,7 @@ fn drafter_side(
                     &e,
                     last_checkpoint.as_ref(),
                     dir.path(),
+                    cfg.save_checkpoints,
                 )
             })?;
             report.drafter = Some(out);

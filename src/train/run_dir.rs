@@ -166,6 +166,8 @@ fn refuse_outputs(dir: &Path) -> Result<(), RunDirError> {
 pub struct MetricsLog {
     file: File,
     path: PathBuf,
+    /// Bytes of complete lines.
+    len: u64,
 }
 
 impl MetricsLog {
@@ -188,6 +190,7 @@ impl MetricsLog {
         Ok(MetricsLog {
             file,
             path: path.into(),
+            len: keep as u64,
         })
     }
 
@@ -195,11 +198,21 @@ impl MetricsLog {
         &self.path
     }
 
-    /// Appends one line (one `write`, so a kill leaves whole lines or one cut line).
+    /// Appends one line (one `write`, so a kill leaves whole lines or one cut line). A
+    /// line that could not be written whole (a full disk) is cut off again.
     pub fn append(&mut self, line: &serde_json::Value) -> io::Result<()> {
         let mut s = line.to_string();
         s.push('\n');
-        self.file.write_all(s.as_bytes())
+        match self.file.write_all(s.as_bytes()) {
+            Ok(()) => {
+                self.len += s.len() as u64;
+                Ok(())
+            }
+            Err(e) => {
+                let _ = self.file.set_len(self.len);
+                Err(e)
+            }
+        }
     }
 
     /// Makes the lines written so far durable (before a checkpoint names them done).
