@@ -109,7 +109,17 @@ fn metrics_on_a_full_disk_exit_2_and_resume_after_space_is_freed() {
     };
     // three pages: the lock, config.toml and one page of metrics (about 19 lines)
     let run = fs.path().join("run");
-    let out = train(&run, &["--steps", "40", "--set", "save_checkpoints=false"]);
+    let out = train(
+        &run,
+        &[
+            "--steps",
+            "40",
+            "--set",
+            "save_checkpoints=false",
+            "--set",
+            "heldout_fraction=0",
+        ],
+    );
     let e = full_disk_line(&out);
     assert!(
         e.contains(&format!("writing {}", run.join("metrics.jsonl").display())),
@@ -141,6 +151,8 @@ fn a_trace_on_a_full_disk_exits_2_loads_and_resume_writes_the_next_one() {
         "8",
         "--set",
         "save_checkpoints=false",
+        "--set",
+        "heldout_fraction=0",
         "--trace",
         r,
         "--trace-steps",
@@ -158,7 +170,7 @@ fn a_trace_on_a_full_disk_exits_2_loads_and_resume_writes_the_next_one() {
     fs.grow(64 << 20);
     let resumed: Vec<&str> = ["--resume"]
         .into_iter()
-        .chain(args[4..].iter().copied())
+        .chain(args[6..].iter().copied())
         .collect();
     train_ok(&run, &resumed);
     analyzer_loads(&run.join("trace.json"));
@@ -177,7 +189,14 @@ fn reference(args: &[&str]) -> (tempfile::TempDir, PathBuf) {
 
 #[test]
 fn a_checkpoint_on_a_full_disk_names_the_last_good_one_and_resume_continues_from_it() {
-    let args = ["--steps", "8", "--set", "checkpoint_every=2"];
+    let args = [
+        "--steps",
+        "8",
+        "--set",
+        "checkpoint_every=2",
+        "--set",
+        "heldout_fraction=0",
+    ];
     let (_keep, r) = reference(&args);
     let ckpt = pages(&r.join("checkpoints/step-00000008"));
     // room for one checkpoint and a half
@@ -210,7 +229,7 @@ fn a_checkpoint_on_a_full_disk_names_the_last_good_one_and_resume_continues_from
 
 #[test]
 fn the_drafter_export_on_a_full_disk_names_the_final_checkpoint_and_resume_exports_it() {
-    let args = ["--steps", "4"];
+    let args = ["--steps", "4", "--set", "heldout_fraction=0"];
     let (_keep, r) = reference(&args);
     let ckpt = pages(&r.join("checkpoints/step-00000004"));
     let drafter = pages(&r.join("drafter"));

@@ -31,7 +31,7 @@ fn concurrent_starts_exactly_one_runs_and_a_resume_meanwhile_names_the_holder() 
     let dir = tempfile::tempdir().unwrap();
     let run = dir.path().join("run");
     let children: Vec<_> = (0..4)
-        .map(|_| spawn_train(&run, &["--steps", "6"]))
+        .map(|_| spawn_train(&run, &["--steps", "6", "--set", "heldout_fraction=0"]))
         .collect();
     let pids: Vec<u32> = children.iter().map(|c| c.id()).collect();
     let outs: Vec<Output> = children
@@ -60,7 +60,10 @@ fn concurrent_starts_exactly_one_runs_and_a_resume_meanwhile_names_the_holder() 
 
     // a resume while another process trains in the directory is refused too
     let other = dir.path().join("other");
-    let mut a = spawn_train(&other, &["--steps", "100000"]);
+    let mut a = spawn_train(
+        &other,
+        &["--steps", "100000", "--set", "heldout_fraction=0"],
+    );
     wait_for_steps(&other, 1);
     let b = train(&other, &["--resume"]);
     assert_eq!(b.status.code(), Some(2));
@@ -82,7 +85,14 @@ fn a_resumed_traced_run_writes_the_next_trace_file_and_metrics_hold_each_step_on
     let dir = tempfile::tempdir().unwrap();
     let run = dir.path().join("run");
     let trace = ["--trace", run.to_str().unwrap(), "--trace-steps", "0..8"];
-    let mut first = vec!["--steps", "8", "--stop-after", "4"];
+    let mut first = vec![
+        "--steps",
+        "8",
+        "--stop-after",
+        "4",
+        "--set",
+        "heldout_fraction=0",
+    ];
     first.extend(trace);
     train_ok(&run, &first);
     let before = std::fs::read(run.join("trace.json")).unwrap();
@@ -125,7 +135,7 @@ fn a_resumed_traced_run_writes_the_next_trace_file_and_metrics_hold_each_step_on
 fn a_fresh_run_refuses_a_killed_runs_directory_and_resume_starts_over_without_a_checkpoint() {
     let dir = tempfile::tempdir().unwrap();
     let run = dir.path().join("run");
-    let mut a = spawn_train(&run, &["--steps", "100000"]);
+    let mut a = spawn_train(&run, &["--steps", "100000", "--set", "heldout_fraction=0"]);
     wait_for_steps(&run, 2);
     a.kill().unwrap();
     a.wait().unwrap();
@@ -183,7 +193,7 @@ fn snapshot(dir: &Path, out: &mut BTreeMap<String, Vec<u8>>) {
 fn sigterm_stops_with_143_and_a_stopped_summary_and_a_finished_run_is_left_alone() {
     let dir = tempfile::tempdir().unwrap();
     let run = dir.path().join("run");
-    let a = spawn_train(&run, &["--steps", "12"]);
+    let a = spawn_train(&run, &["--steps", "12", "--set", "heldout_fraction=0"]);
     wait_for_steps(&run, 3);
     signal(&a, libc::SIGTERM);
     let out = a.wait_with_output().unwrap();
@@ -193,7 +203,7 @@ fn sigterm_stops_with_143_and_a_stopped_summary_and_a_finished_run_is_left_alone
     assert_eq!(s["status"], "stopped");
     assert_eq!(s["signal"], "SIGTERM");
     assert_eq!(s["stopped_by_signal"], true);
-    assert!(at >= 3 && at < 12, "{s}");
+    assert!((3..12).contains(&at), "{s}");
     assert_eq!(
         metric_lines(&run) as i64,
         at,

@@ -139,14 +139,19 @@ pub fn human(bytes: u64) -> String {
     format!("{v:.1} {}", units[u])
 }
 
-/// Checks that the largest batch fits every device; one line naming the biggest part
-/// and what to lower when it does not.
+/// A configuration that cannot fit a device: one line naming the need, the device and
+/// what to lower.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct MemoryError(String);
+
+/// Checks that the largest batch fits every device.
 pub fn check(
     c: &DrafterConfig,
     l: &Load,
     drafter_device: Device,
     target_devices: &[Device],
-) -> Result<(), String> {
+) -> Result<(), MemoryError> {
     let mut need: Vec<(Device, u64)> = Vec::new();
     let mut add = |d: Device, bytes: u64| match need.iter_mut().find(|(x, _)| *x == d) {
         Some(e) => e.1 = e.1.saturating_add(bytes),
@@ -167,7 +172,7 @@ pub fn check(
                 _ => format!("the CPU, where the host has {} available", human(have)),
             };
             let q = l.num_anchors * c.block_size;
-            return Err(format!(
+            return Err(MemoryError(format!(
                 "memory: the largest batch ({} x {} tokens) needs at least {} on {name} (block mask {} x {q} x {} alone: {}); lower num_anchors, block_size or batch_tokens",
                 l.batch,
                 l.seq,
@@ -175,7 +180,7 @@ pub fn check(
                 l.batch,
                 l.seq + q,
                 human(parts.mask),
-            ));
+            )));
         }
     }
     Ok(())
@@ -245,7 +250,9 @@ mod tests {
             chunk_blocks: 16,
             queue_capacity: 4,
         };
-        let e = check(&c, &l, Device::Cpu, &[Device::Cpu]).unwrap_err();
+        let e = check(&c, &l, Device::Cpu, &[Device::Cpu])
+            .unwrap_err()
+            .to_string();
         assert!(
             e.starts_with("memory: the largest batch (8 x 256 tokens) needs at least"),
             "{e}"

@@ -1,8 +1,7 @@
 //! The run directory's safety: one trainer at a time (an exclusive `flock` on `.lock`,
 //! which the kernel releases when the process dies, so a killed run never blocks its
 //! resume), no fresh run in a directory that holds another run's output, leftovers of a
-//! crashed writer cleaned at start, `metrics.jsonl` appended to and cut back to the
-//! resumed step, `config.toml` and `summary.json` replaced atomically.
+//! crashed writer cleaned at start, `config.toml` and `summary.json` replaced atomically.
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Seek, Write};
 use std::os::unix::io::AsRawFd;
@@ -161,88 +160,6 @@ fn refuse_outputs(dir: &Path) -> Result<(), RunDirError> {
     }
 }
 
-/// `metrics.jsonl`, one line per step, only ever appended to; on resume it is first cut
-/// back to the steps before the resumed one, so each step appears once.
-pub struct MetricsLog {
-    file: File,
-    path: PathBuf,
-    /// Bytes of complete lines.
-    len: u64,
-}
-
-impl MetricsLog {
-    /// Opens the log, keeping the complete lines of steps `0..next_step` in order and
-    /// cutting everything after them (a half-written line, steps a killed run did after
-    /// its last checkpoint).
-    pub fn open(path: &Path, next_step: i64) -> io::Result<MetricsLog> {
-        let mut file = OpenOptions::new()
-            .read(true)
-            .append(true)
-            .create(true)
-            .open(path)?;
-        let mut text = Vec::new();
-        file.read_to_end(&mut text)?;
-        let keep = kept_prefix(&text, next_step);
-        if keep < text.len() {
-            file.set_len(keep as u64)?;
-            file.sync_all()?;
-        }
-        Ok(MetricsLog {
-            file,
-            path: path.into(),
-            len: keep as u64,
-        })
-    }
-
-    pub fn path(&self) -> &Path {
-        &self.path
-    }
-
-    /// Appends one line (one `write`, so a kill leaves whole lines or one cut line). A
-    /// line that could not be written whole (a full disk) is cut off again.
-    pub fn append(&mut self, line: &serde_json::Value) -> io::Result<()> {
-        let mut s = line.to_string();
-        s.push('\n');
-        match self.file.write_all(s.as_bytes()) {
-            Ok(()) => {
-                self.len += s.len() as u64;
-                Ok(())
-            }
-            Err(e) => {
-                let _ = self.file.set_len(self.len);
-                Err(e)
-            }
-        }
-    }
-
-    /// Makes the lines written so far durable (before a checkpoint names them done).
-    pub fn sync(&self) -> io::Result<()> {
-        self.file.sync_data()
-    }
-}
-
-/// Length of the prefix of `text` made of complete lines for steps 0, 1, ... up to
-/// `next_step - 1`, in order.
-fn kept_prefix(text: &[u8], next_step: i64) -> usize {
-    let mut keep = 0;
-    let mut want = 0i64;
-    while want < next_step {
-        let Some(end) = text[keep..].iter().position(|&b| b == b'\n') else {
-            break;
-        };
-        let line = &text[keep..keep + end];
-        let step = serde_json::from_slice::<serde_json::Value>(line)
-            .ok()
-            .and_then(|v| v["step"].as_i64());
-        if step != Some(want) {
-            break;
-        }
-        keep += end + 1;
-        want += 1;
-    }
-    keep
-}
-
 /// Reads `summary.json` if there is a readable one.
 pub fn read_summary(dir: &Path) -> Option<serde_json::Value> {
     let text = fs::read_to_string(dir.join(run_files::SUMMARY)).ok()?;
@@ -258,43 +175,6 @@ pub fn write_summary(dir: &Path, summary: &impl serde::Serialize) -> io::Result<
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn line(step: i64) -> String {
-        format!("{{\"step\":{step},\"loss\":1.0}}\n")
-    }
-
-    #[test]
-    fn metrics_are_cut_back_to_the_resumed_step() {
-        let full: String = (0..6).map(line).collect();
-        assert_eq!(
-            kept_prefix(full.as_bytes(), 4),
-            (0..4).map(line).collect::<String>().len()
-        );
-        assert_eq!(kept_prefix(full.as_bytes(), 10), full.len());
-        // a half-written last line goes
-        let cut = format!("{}{}", line(0), "{\"step\":1,\"lo");
-        assert_eq!(kept_prefix(cut.as_bytes(), 5), line(0).len());
-        // two runs interleaved: only the first, in order, stays
-        let mixed: String = [0, 1, 2, 0, 1].into_iter().map(line).collect();
-        assert_eq!(kept_prefix(mixed.as_bytes(), 5), 3 * line(0).len());
-
-        let d = tempfile::tempdir().unwrap();
-        let p = d.path().join("metrics.jsonl");
-        fs::write(&p, &full).unwrap();
-        let mut log = MetricsLog::open(&p, 3).unwrap();
-        log.append(&serde_json::json!({"step": 3, "loss": 2.0}))
-            .unwrap();
-        let text = fs::read_to_string(&p).unwrap();
-        let steps: Vec<i64> = text
-            .lines()
-            .map(|l| {
-                serde_json::from_str::<serde_json::Value>(l).unwrap()["step"]
-                    .as_i64()
-                    .unwrap()
-            })
-            .collect();
-        assert_eq!(steps, [0, 1, 2, 3]);
-    }
 
     #[test]
     fn a_second_opener_is_refused_naming_the_holder_and_a_fresh_run_refuses_output() {

@@ -17,6 +17,9 @@ pub const SMALL: &[&str] = &[
     "--quiet",
 ];
 
+/// No held-out split: saves a run two evaluations (about 1.5 s) where they do not matter.
+pub const NO_HELDOUT: &[&str] = &["--set", "heldout_fraction=0"];
+
 pub fn dflash() -> Command {
     Command::cargo_bin("dflash").unwrap()
 }
