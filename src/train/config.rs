@@ -212,12 +212,6 @@ impl TrainConfig {
         ]
     }
 
-    /// Checks every setting against its allowed range (see [`super::limits`]), without
-    /// loading anything.
-    pub fn validate(&self) -> Result<(), ConfigError> {
-        super::limits::check(self)
-    }
-
     /// The traced step window `[a, b)`.
     pub fn trace_window(&self) -> Result<(i64, i64), ConfigError> {
         match &self.trace_steps {

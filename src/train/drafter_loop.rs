@@ -20,12 +20,12 @@ use super::checkpoint::{self, Checkpoint, RunState};
 use super::data;
 use super::error::{Standing, TrainError};
 use super::optim::{lr_at, AdamWConfig};
-use super::pipeline::{step_seed, Eval, RunOptions, RunReport, RunStatus};
 use super::plan::{compute_kind, Plan};
 use super::queue::HiddenQueue;
+use super::report::{Eval, RunOptions, RunReport, RunStatus};
 use super::run_dir::RunDir;
 use super::run_log::{self, Console, MetricsLog, RunLog, StepRecord};
-use super::step::{Batch, DrafterTrainer, StepConfig};
+use super::step::{step_seed, Batch, DrafterTrainer, StepConfig};
 use super::target_worker::{injected_fault, Item, TargetHead};
 
 /// Everything the drafter side works with.

@@ -13,6 +13,7 @@ pub mod pipeline;
 pub mod plan;
 pub mod pretrain;
 pub mod queue;
+pub mod report;
 pub mod run_dir;
 pub mod run_log;
 pub mod step;

@@ -17,7 +17,7 @@ use super::config::TrainConfig;
 use super::data::{self, bytes, Dataset};
 use super::error::{DeviceError, TrainError};
 use super::memory;
-use super::pipeline::{RunOptions, RunReport, RunStatus};
+use super::report::{RunOptions, RunReport, RunStatus};
 use super::run_dir;
 
 /// Where the embedded default's files live.
@@ -117,7 +117,7 @@ pub(super) struct Plan {
 impl Plan {
     /// Checks and resolves everything a run needs, without writing anything.
     pub fn new(cfg: TrainConfig, opts: &RunOptions) -> Result<Plan, TrainError> {
-        cfg.validate()?;
+        super::limits::check(&cfg)?;
         super::limits::check_stop_after(opts.stop_after)?;
         let window = cfg.trace_window()?;
         let target_devices = cfg
