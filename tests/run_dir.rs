@@ -135,7 +135,15 @@ fn a_resumed_traced_run_writes_the_next_trace_file_and_metrics_hold_each_step_on
 fn a_fresh_run_refuses_a_killed_runs_directory_and_resume_starts_over_without_a_checkpoint() {
     let dir = tempfile::tempdir().unwrap();
     let run = dir.path().join("run");
-    let mut a = spawn_train(&run, &["--steps", "100000", "--set", "heldout_fraction=0"]);
+    let first = [
+        "--steps",
+        "100000",
+        "--set",
+        "heldout_fraction=0",
+        "--set",
+        "lr=1e-3",
+    ];
+    let mut a = spawn_train(&run, &first);
     wait_for_steps(&run, 2);
     a.kill().unwrap();
     a.wait().unwrap();
@@ -160,8 +168,11 @@ fn a_fresh_run_refuses_a_killed_runs_directory_and_resume_starts_over_without_a_
         "untouched"
     );
 
-    // the killed run's own settings (100000 steps) with a shorter schedule from the flag
-    let out = train_ok(&run, &["--resume", "--steps", "5"]);
+    // the killed run's own settings with what this command sets explicitly: a shorter
+    // schedule, and lr back to its default value
+    let out = train_ok(&run, &["--resume", "--steps", "5", "--set", "lr=3e-3"]);
+    let cfg = dflash::train::config::TrainConfig::from_file(&run.join("config.toml")).unwrap();
+    assert_eq!((cfg.steps, cfg.lr, cfg.heldout_fraction), (5, 3e-3, 0.0));
     assert!(stderr(&out).is_empty(), "quiet: {}", stderr(&out));
     assert_eq!(metric_steps(&run), (0..5).collect::<Vec<_>>());
     assert_eq!(leftovers(&run), Vec::<std::path::PathBuf>::new());
