@@ -166,12 +166,17 @@ fn train(args: TrainArgs) -> anyhow::Result<ExitCode> {
 }
 
 fn print_report(report: &RunReport, run_dir: &Path) {
-    let first = report.losses.first().copied().unwrap_or(f64::NAN);
-    let last = report.losses.last().copied().unwrap_or(f64::NAN);
-    eprintln!(
-        "done: {} steps, loss {first:.4} -> {last:.4}, {:.0} tokens/s, {:.1} ms/step",
-        report.steps_done, report.tokens_per_s, report.mean_step_ms
-    );
+    let how = match report.status {
+        RunStatus::Stopped => "stopped",
+        _ => "done",
+    };
+    match (report.losses.first(), report.losses.last()) {
+        (Some(first), Some(last)) => eprintln!(
+            "{how}: {} steps, loss {first:.4} -> {last:.4}, {:.0} tokens/s, {:.1} ms/step",
+            report.steps_done, report.tokens_per_s, report.mean_step_ms
+        ),
+        _ => eprintln!("{how}: no step trained in this run"),
+    }
     if let (Some(b), Some(a)) = (report.heldout_before, report.heldout_after) {
         eprintln!(
             "held-out: loss {:.4} -> {:.4}, accuracy {:.3} -> {:.3}, tau_hat {:.2} -> {:.2}",
