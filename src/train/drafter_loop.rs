@@ -308,6 +308,10 @@ impl DrafterLoop<'_> {
         p.report.steps_done = done;
         p.report.step = p.state.step;
         let finished = p.state.step == cfg.steps;
+        log.metrics.sync().map_err(|e| {
+            let what = format!("writing {}", log.metrics.path().display());
+            p.standing.write_failed(what, e)
+        })?;
         if cfg.save_checkpoints {
             if p.standing.last.as_ref().map(|c| c.step) != Some(p.state.step) {
                 self.save(trainer, p, &log.metrics)?;
