@@ -5,6 +5,8 @@
 //! workers, queue, optimizer, checkpoints), [`trace`] (the span recorder; it knows
 //! nothing of DFlash) and [`cuda`] (streams and events libtorch does not expose).
 pub mod cuda;
+pub mod durable;
 pub mod model;
+pub mod run_files;
 pub mod trace;
 pub mod train;

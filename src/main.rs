@@ -1,13 +1,14 @@
 //! `dflash`: parse options, prepare the run, train, report.
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::{bail, Context};
 use clap::Parser;
 
 use dflash::model::Qwen3Config;
-use dflash::train::config::TrainConfig;
-use dflash::train::pipeline::{self, RunOptions, TrainError};
+use dflash::run_files;
+use dflash::train::config::{Layer, TrainConfig};
+use dflash::train::pipeline::{self, RunOptions, RunReport, RunStatus, TrainError};
 use dflash::train::pretrain::{self, PretrainConfig};
 
 mod cli;
@@ -37,22 +38,23 @@ fn main() -> ExitCode {
         tch::set_num_threads(1);
     }
     match run(cli) {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(code) => code,
         Err(e) => {
-            eprintln!("error: {e:#}");
-            if e.downcast_ref::<Usage>().is_some() {
-                ExitCode::from(2)
-            } else {
-                ExitCode::from(1)
-            }
+            let (line, usage) = match e.downcast_ref::<TrainError>() {
+                // a training error's message is one complete line, its cause included
+                Some(t) => (t.to_string(), t.is_usage()),
+                None => (format!("{e:#}"), e.downcast_ref::<Usage>().is_some()),
+            };
+            eprintln!("error: {line}");
+            ExitCode::from(if usage { 2 } else { 1 })
         }
     }
 }
 
-fn run(cli: Cli) -> anyhow::Result<()> {
+fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Train(args) => train(args),
-        Command::PretrainTarget(args) => pretrain_target(args),
+        Command::PretrainTarget(args) => pretrain_target(args).map(|()| ExitCode::SUCCESS),
     }
 }
 
@@ -60,42 +62,10 @@ fn usage(e: impl std::fmt::Display) -> anyhow::Error {
     Usage(e.to_string()).into()
 }
 
-/// Turns the flags into a configuration: file, then `--set`, then dedicated flags.
-fn train_config(args: &TrainArgs) -> anyhow::Result<TrainConfig> {
-    let base = match &args.config {
-        Some(p) => TrainConfig::from_file(p).map_err(usage)?,
-        None => TrainConfig::default(),
-    };
-    let mut cfg = base.with_overrides(&args.sets).map_err(usage)?;
-    if args.target.is_some() {
-        cfg.target = args.target.clone();
-    }
-    if args.target_preset.is_some() {
-        cfg.target_preset = args.target_preset.clone();
-    }
-    if args.data.is_some() {
-        cfg.data = args.data.clone();
-    }
-    if let Some(s) = args.steps {
-        cfg.steps = s;
-    }
-    if let Some(d) = &args.target_devices {
-        cfg.target_devices = d.clone();
-    }
-    if let Some(d) = &args.drafter_device {
-        cfg.drafter_device = d.clone();
-    }
-    if args.trace_steps.is_some() {
-        cfg.trace_steps = args.trace_steps.clone();
-    }
-    if args.trace_gzip {
-        cfg.trace_gzip = true;
-    }
-    Ok(cfg)
-}
-
-fn train(args: TrainArgs) -> anyhow::Result<()> {
-    let run_dir = match (&args.trace, &args.run_dir) {
+/// The run directory: `--trace DIR` or `--run-dir DIR` (the same when both are given),
+/// or a new `runs/train-<time>`.
+fn run_dir(args: &TrainArgs) -> anyhow::Result<PathBuf> {
+    Ok(match (&args.trace, &args.run_dir) {
         (Some(t), Some(r)) if t != r => bail!(Usage(format!(
             "--trace {} and --run-dir {} differ: the trace is written into the run directory, give one of them",
             t.display(),
@@ -103,20 +73,66 @@ fn train(args: TrainArgs) -> anyhow::Result<()> {
         ))),
         (Some(d), _) | (None, Some(d)) => d.clone(),
         (None, None) => {
-            let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+            let secs = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs());
             PathBuf::from("runs").join(format!("train-{secs}"))
         }
-    };
-    let mut cfg = train_config(&args)?;
-    if args.resume {
-        // the run's own configuration, with this command's overrides on top
-        let saved = run_dir.join("config.toml");
-        let base = TrainConfig::from_file(&saved).map_err(|e| usage(format!("--resume: {e}")))?;
-        let fresh = TrainConfig::default()
-            .with_overrides(&args.sets)
-            .map_err(usage)?;
-        cfg = merge_changed(base, &cfg, &fresh);
+    })
+}
+
+/// The settings the dedicated flags give.
+fn flag_layer(a: &TrainArgs) -> Layer {
+    let mut l = Layer::default();
+    let path = |p: &PathBuf| p.display().to_string();
+    if let Some(t) = &a.target {
+        l.set("target", path(t));
     }
+    if let Some(p) = &a.target_preset {
+        l.set("target_preset", p.as_str());
+    }
+    if let Some(d) = &a.data {
+        l.set("data", path(d));
+    }
+    if let Some(s) = a.steps {
+        l.set("steps", s);
+    }
+    if let Some(d) = &a.target_devices {
+        l.set("target_devices", d.clone());
+    }
+    if let Some(d) = &a.drafter_device {
+        l.set("drafter_device", d.as_str());
+    }
+    if let Some(w) = &a.trace_steps {
+        l.set("trace_steps", w.as_str());
+    }
+    if a.trace_gzip {
+        l.set("trace_gzip", true);
+    }
+    l
+}
+
+/// The configuration: a base (the defaults, or on `--resume` the run's own), then the
+/// `--config` file, the `--set`s and the flags, each only with the keys it gives.
+fn train_config(args: &TrainArgs, run_dir: &Path) -> anyhow::Result<TrainConfig> {
+    let base = if args.resume {
+        TrainConfig::from_file(&run_dir.join(run_files::CONFIG))
+            .map_err(|e| usage(format!("--resume: {e}")))?
+    } else {
+        TrainConfig::default()
+    };
+    let mut layers = Vec::new();
+    if let Some(p) = &args.config {
+        layers.push(Layer::from_file(p).map_err(usage)?);
+    }
+    layers.push(Layer::from_sets(&args.sets).map_err(usage)?);
+    layers.push(flag_layer(args));
+    base.layered(&layers).map_err(usage)
+}
+
+fn train(args: TrainArgs) -> anyhow::Result<ExitCode> {
+    let run_dir = run_dir(&args)?;
+    let cfg = train_config(&args, &run_dir)?;
     let opts = RunOptions {
         run_dir: run_dir.clone(),
         trace: args.trace.is_some(),
@@ -127,50 +143,56 @@ fn train(args: TrainArgs) -> anyhow::Result<()> {
     if !args.quiet {
         eprintln!("dflash train: run directory {}", run_dir.display());
     }
-    let report = pipeline::run(cfg, &opts).map_err(|e| match e {
-        TrainError::Setup(m) => usage(m),
-        other => anyhow::Error::new(other),
-    })?;
-    if !args.quiet {
-        let first = report.losses.first().copied().unwrap_or(f64::NAN);
-        let last = report.losses.last().copied().unwrap_or(f64::NAN);
-        eprintln!(
-            "done: {} steps, loss {first:.4} -> {last:.4}, {:.0} tokens/s, {:.1} ms/step",
-            report.steps_done, report.tokens_per_s, report.mean_step_ms
-        );
-        if let (Some(b), Some(a)) = (report.heldout_before, report.heldout_after) {
-            eprintln!(
-                "held-out: loss {:.4} -> {:.4}, accuracy {:.3} -> {:.3}, tau_hat {:.2} -> {:.2}",
-                b.loss, a.loss, b.accuracy, a.accuracy, b.tau_hat, a.tau_hat
-            );
+    let steps = cfg.steps;
+    let report = pipeline::run(cfg, &opts)?;
+    if report.status == RunStatus::AlreadyDone {
+        let at = report.step;
+        let name = run_dir.display();
+        if at >= steps {
+            eprintln!("{name} is already finished ({at} of {steps} steps): nothing to do");
+        } else {
+            eprintln!("{name} is already at step {at}, at or past --stop-after: nothing to do");
         }
-        if let Some(c) = &report.trace_gpu_cost {
-            eprintln!("GPU timing cost: {}", c.describe());
-        }
-        if let Some(t) = &report.trace {
-            eprintln!(
-                "trace: {} (open in https://ui.perfetto.dev, or run dflash-analyze breakdown {})",
-                t.display(),
-                run_dir.display()
-            );
-        }
+        return Ok(ExitCode::SUCCESS);
     }
-    Ok(())
+    if !args.quiet {
+        print_report(&report, &run_dir);
+    }
+    // as shells expect: 128 + the signal (130 for SIGINT, 143 for SIGTERM)
+    Ok(match report.signal_number {
+        Some(sig) => ExitCode::from((128 + sig) as u8),
+        None => ExitCode::SUCCESS,
+    })
 }
 
-/// On resume: start from the saved config and apply only what this command changed
-/// relative to the defaults.
-fn merge_changed(saved: TrainConfig, now: &TrainConfig, defaults: &TrainConfig) -> TrainConfig {
-    let saved_t = toml::Table::try_from(&saved).expect("serializes");
-    let now_t = toml::Table::try_from(now).expect("serializes");
-    let def_t = toml::Table::try_from(defaults).expect("serializes");
-    let mut out = saved_t.clone();
-    for (k, v) in now_t {
-        if def_t.get(&k) != Some(&v) {
-            out.insert(k, v);
-        }
+fn print_report(report: &RunReport, run_dir: &Path) {
+    let how = match report.status {
+        RunStatus::Stopped => "stopped",
+        _ => "done",
+    };
+    match (report.losses.first(), report.losses.last()) {
+        (Some(first), Some(last)) => eprintln!(
+            "{how}: {} steps, loss {first:.4} -> {last:.4}, {:.0} tokens/s, {:.1} ms/step",
+            report.steps_done, report.tokens_per_s, report.mean_step_ms
+        ),
+        _ => eprintln!("{how}: no step trained in this run"),
     }
-    toml::Value::Table(out).try_into().unwrap_or(saved)
+    if let (Some(b), Some(a)) = (report.heldout_before, report.heldout_after) {
+        eprintln!(
+            "held-out: loss {:.4} -> {:.4}, accuracy {:.3} -> {:.3}, tau_hat {:.2} -> {:.2}",
+            b.loss, a.loss, b.accuracy, a.accuracy, b.tau_hat, a.tau_hat
+        );
+    }
+    if let Some(c) = &report.trace_gpu_cost {
+        eprintln!("GPU timing cost: {}", c.describe());
+    }
+    if let Some(t) = &report.trace {
+        eprintln!(
+            "trace: {} (open in https://ui.perfetto.dev, or run dflash-analyze breakdown {})",
+            t.display(),
+            run_dir.display()
+        );
+    }
 }
 
 fn pretrain_target(args: PretrainArgs) -> anyhow::Result<()> {

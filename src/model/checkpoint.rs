@@ -160,40 +160,20 @@ pub fn write_safetensors(tensors: &[(String, Tensor)], path: &Path) -> Result<()
             Ok((k.clone(), view))
         })
         .collect::<Result<_, ModelError>>()?;
-    safetensors::serialize_to_file(views, &None, path)
-        .map_err(|e| ModelError::Checkpoint(format!("{}: {e}", path.display())))
+    safetensors::serialize_to_file(views, &None, path).map_err(|e| match e {
+        safetensors::SafeTensorError::IoError(e) => ModelError::io(path, e),
+        e => ModelError::Checkpoint(format!("{}: {e}", path.display())),
+    })
 }
 
-/// Builds a directory under a temporary sibling name with `fill`, then renames it over
-/// `dir`. A crash leaves either the old directory or the new one, never half of one.
+/// Builds a directory under a temporary sibling name with `fill`, syncs it and moves it
+/// over `dir` (see [`crate::durable::write_dir`]): a crash leaves either the old directory
+/// or the new one, never half of one.
 pub fn write_dir_atomically(
     dir: &Path,
     fill: impl FnOnce(&Path) -> Result<(), ModelError>,
 ) -> Result<(), ModelError> {
-    let parent = dir
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    fs::create_dir_all(parent).map_err(|e| ModelError::io(parent, e))?;
-    let name = dir.file_name().and_then(|n| n.to_str()).unwrap_or("out");
-    let tmp = parent.join(format!(".{name}.tmp-{}", std::process::id()));
-    let _ = fs::remove_dir_all(&tmp);
-    fs::create_dir(&tmp).map_err(|e| ModelError::io(&tmp, e))?;
-    let result = fill(&tmp).and_then(|_| {
-        if dir.exists() {
-            let old = parent.join(format!(".{name}.old-{}", std::process::id()));
-            fs::rename(dir, &old).map_err(|e| ModelError::io(dir, e))?;
-            fs::rename(&tmp, dir).map_err(|e| ModelError::io(dir, e))?;
-            let _ = fs::remove_dir_all(&old);
-            Ok(())
-        } else {
-            fs::rename(&tmp, dir).map_err(|e| ModelError::io(dir, e))
-        }
-    });
-    if result.is_err() {
-        let _ = fs::remove_dir_all(&tmp);
-    }
-    result
+    crate::durable::write_dir(dir, fill, ModelError::io)
 }
 
 /// Reads and parses `dir/config.json` into `T`.

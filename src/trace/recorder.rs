@@ -32,7 +32,7 @@ pub enum TraceError {
     #[error("the trace writer thread is gone (it panicked)")]
     WriterGone,
     #[error("trace writer: {0}")]
-    Write(String),
+    Write(#[source] std::io::Error),
     #[error("trace metadata cannot be serialized: {0}")]
     Metadata(#[from] serde_json::Error),
 }
@@ -136,7 +136,10 @@ impl Recorder {
         reset_gpu_timing_cost();
         let tb = Timebase::now();
         let header = header(&cfg, &tb)?;
+        // the header reaches the file at once: a run killed in its first second still
+        // leaves a trace that names its producer
         out.write_all(header.as_bytes())
+            .and_then(|()| out.flush())
             .map_err(|source| TraceError::Create {
                 path: cfg.path.clone(),
                 source,

@@ -4,7 +4,7 @@
 //! path.
 //!
 //! The file is written as a stream: the header (every top-level key but `traceEvents`)
-//! at start, then one event per line, each line after the first starting with `,`, and
+//! at start, then one event per line, each but the last ending with `,`, and
 //! `]}` at finish. A process killed between flushes leaves a file cut inside the
 //! `traceEvents` array whose every complete line before the cut is a complete event.
 use std::collections::HashMap;
@@ -78,7 +78,7 @@ impl Out {
 
 pub(crate) enum Cmd {
     Flush(mpsc::Sender<()>),
-    Finish(mpsc::Sender<Result<Summary, String>>),
+    Finish(mpsc::Sender<Result<Summary, io::Error>>),
 }
 
 #[derive(Default, Clone, Copy)]
@@ -485,7 +485,7 @@ impl Writer {
         }
     }
 
-    fn finish(&mut self) -> Result<Summary, String> {
+    fn finish(&mut self) -> Result<Summary, io::Error> {
         self.pass();
         if self.resolver.is_some() {
             let deadline = Instant::now() + FINISH_GPU_WAIT;
@@ -517,7 +517,11 @@ impl Writer {
             .as_ref()
             .map_or((0, 0), |r| (r.placed, r.dropped));
         match self.error.take() {
-            Some(e) => Err(format!("writing {}: {e}", self.path.display())),
+            // the kind survives, so a caller can tell a full disk
+            Some(e) => Err(io::Error::new(
+                e.kind(),
+                format!("writing {}: {e}", self.path.display()),
+            )),
             None => Ok(Summary {
                 path: self.path.clone(),
                 events: self.events,

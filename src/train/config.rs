@@ -1,9 +1,15 @@
-//! The training configuration: one struct, read from a TOML file (`--config`), overridden
-//! field by field on the command line (`--set key=value` or the dedicated flags), and
-//! written to the run directory as the effective configuration.
+//! The training configuration: one struct, [`TrainConfig`], and one override order. A
+//! base (the defaults, or on `--resume` the run's own `config.toml`) is overridden by
+//! [`Layer`]s in order: the `--config` file, then `--set key=value`, then the dedicated
+//! flags. A layer holds only the keys the user gave, so a resume keeps every setting of
+//! the run except those this command sets explicitly, whatever their value. The result
+//! is written to the run directory as the effective configuration.
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
+
+/// The default time between checkpoints: a killed run loses at most this much.
+pub const DEFAULT_CHECKPOINT_MINUTES: f64 = 10.0;
 
 /// Every setting of a training run. Defaults are the embedded default run.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -51,8 +57,13 @@ pub struct TrainConfig {
     pub drafter_device: String,
     /// Capacity of the hidden-state queue, in batches.
     pub queue_capacity: usize,
-    /// Save a checkpoint every N steps (0: only at the end).
+    /// Save a checkpoint every N steps (0: no step interval).
     pub checkpoint_every: i64,
+    /// Save a checkpoint when this many minutes have passed since the last one, so a
+    /// killed run loses at most that much (0: no time interval).
+    pub checkpoint_minutes: f64,
+    /// Keep the newest K checkpoints (0: all).
+    pub keep_checkpoints: i64,
     /// Print a progress line every N steps.
     pub log_every: i64,
     /// Traced steps, `a..b` (half-open); empty: a short window after warm-up.
@@ -95,6 +106,8 @@ impl Default for TrainConfig {
             drafter_device: "cpu".into(),
             queue_capacity: 4,
             checkpoint_every: 0,
+            checkpoint_minutes: DEFAULT_CHECKPOINT_MINUTES,
+            keep_checkpoints: 2,
             log_every: 10,
             trace_steps: None,
             trace_gzip: false,
@@ -119,6 +132,12 @@ pub enum ConfigError {
     Set { assignment: String, message: String },
     #[error("bad config: {0}")]
     Invalid(String),
+    #[error("bad config: {field} = {value} is outside its allowed range {allowed}")]
+    Range {
+        field: String,
+        value: String,
+        allowed: String,
+    },
 }
 
 impl TrainConfig {
@@ -136,28 +155,22 @@ impl TrainConfig {
 
     /// Applies `key=value` overrides, each value parsed as TOML (a bare word is a string).
     pub fn with_overrides(self, sets: &[String]) -> Result<Self, ConfigError> {
+        self.layered(&[Layer::from_sets(sets)?])
+    }
+
+    /// This configuration with `layers` applied in order (a later layer wins).
+    pub fn layered(self, layers: &[Layer]) -> Result<Self, ConfigError> {
         let mut table = toml::Table::try_from(&self).expect("config serializes to a table");
-        for s in sets {
-            let err = |message: String| ConfigError::Set {
-                assignment: s.clone(),
-                message,
-            };
-            let (key, raw) = s.split_once('=').ok_or_else(|| err("missing `=`".into()))?;
-            let key = key.trim().replace('-', "_");
-            let value = toml::from_str::<toml::Table>(&format!("v = {raw}"))
-                .map(|mut t| t.remove("v").expect("parsed key"))
-                .unwrap_or_else(|_| toml::Value::String(raw.to_string()));
-            if !Self::field_names().contains(&key.as_str()) {
-                return Err(err(format!("unknown field `{key}`")));
+        for layer in layers {
+            for (k, v) in &layer.0 {
+                table.insert(k.clone(), v.clone());
             }
-            table.insert(key, value);
         }
-        let cfg: Self = toml::Value::Table(table)
+        toml::Value::Table(table)
             .try_into()
             .map_err(|e: toml::de::Error| {
                 ConfigError::Invalid(e.to_string().trim().replace('\n', " "))
-            })?;
-        Ok(cfg)
+            })
     }
 
     fn field_names() -> Vec<&'static str> {
@@ -188,6 +201,8 @@ impl TrainConfig {
             "drafter_device",
             "queue_capacity",
             "checkpoint_every",
+            "checkpoint_minutes",
+            "keep_checkpoints",
             "log_every",
             "trace_steps",
             "trace_gzip",
@@ -195,48 +210,6 @@ impl TrainConfig {
             "sync_sections",
             "save_checkpoints",
         ]
-    }
-
-    /// Checks what can be checked without loading anything.
-    pub fn validate(&self) -> Result<(), ConfigError> {
-        let bad = |m: String| Err(ConfigError::Invalid(m));
-        if self.steps <= 0 {
-            return bad(format!("steps must be positive, got {}", self.steps));
-        }
-        if self.seq_len < 2 || self.batch_tokens < self.seq_len {
-            return bad(format!(
-                "need seq_len >= 2 and batch_tokens >= seq_len, got seq_len {} and batch_tokens {}",
-                self.seq_len, self.batch_tokens
-            ));
-        }
-        if self.num_anchors <= 0 || self.block_size < 2 || self.drafter_layers <= 0 {
-            return bad(
-                "num_anchors and drafter_layers must be positive and block_size at least 2".into(),
-            );
-        }
-        if self.queue_capacity == 0 {
-            return bad("queue_capacity must be at least 1".into());
-        }
-        if self.target_devices.is_empty() {
-            return bad(
-                "target_devices is empty; give at least one device, e.g. --target-devices cpu"
-                    .into(),
-            );
-        }
-        if !(0.0..1.0).contains(&self.heldout_fraction) {
-            return bad(format!(
-                "heldout_fraction must be in [0, 1), got {}",
-                self.heldout_fraction
-            ));
-        }
-        if self.sliding_layers < 0 || self.sliding_layers > self.drafter_layers {
-            return bad(format!(
-                "sliding_layers {} must be within 0..={}",
-                self.sliding_layers, self.drafter_layers
-            ));
-        }
-        self.trace_window()?;
-        Ok(())
     }
 
     /// The traced step window `[a, b)`.
@@ -261,6 +234,60 @@ impl TrainConfig {
 
     pub fn to_toml(&self) -> String {
         toml::to_string_pretty(self).expect("config serializes")
+    }
+}
+
+/// The settings one source gives explicitly (a file, the `--set`s, the flags), as TOML
+/// values by field name.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Layer(toml::Table);
+
+impl Layer {
+    /// The keys of a TOML file, checked as [`TrainConfig::from_file`] checks them.
+    pub fn from_file(path: &Path) -> Result<Self, ConfigError> {
+        TrainConfig::from_file(path)?;
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.into(),
+            source,
+        })?;
+        let table = toml::from_str(&text).map_err(|e: toml::de::Error| ConfigError::Parse {
+            path: path.into(),
+            message: e.to_string().trim().replace('\n', " "),
+        })?;
+        Ok(Self(table))
+    }
+
+    /// `key=value` assignments, each value parsed as TOML (a bare word is a string);
+    /// `-` in a key reads as `_`.
+    pub fn from_sets(sets: &[String]) -> Result<Self, ConfigError> {
+        let mut layer = Self::default();
+        for s in sets {
+            let err = |message: String| ConfigError::Set {
+                assignment: s.clone(),
+                message,
+            };
+            let (key, raw) = s.split_once('=').ok_or_else(|| err("missing `=`".into()))?;
+            let key = key.trim().replace('-', "_");
+            let value = toml::from_str::<toml::Table>(&format!("v = {raw}"))
+                .map(|mut t| t.remove("v").expect("parsed key"))
+                .unwrap_or_else(|_| toml::Value::String(raw.to_string()));
+            if !TrainConfig::field_names().contains(&key.as_str()) {
+                return Err(err(format!("unknown field `{key}`")));
+            }
+            layer.0.insert(key, value);
+        }
+        Ok(layer)
+    }
+
+    /// Sets one field (a dedicated flag).
+    pub fn set(&mut self, key: &str, value: impl Into<toml::Value>) {
+        debug_assert!(TrainConfig::field_names().contains(&key), "{key}");
+        self.0.insert(key.into(), value.into());
+    }
+
+    /// The field names this layer sets.
+    pub fn keys(&self) -> impl Iterator<Item = &str> {
+        self.0.keys().map(String::as_str)
     }
 }
 
@@ -289,6 +316,37 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("steps"), "{e}");
+    }
+
+    #[test]
+    fn layers_apply_in_order_and_a_resume_keeps_what_no_layer_sets() {
+        let saved = TrainConfig {
+            lr: 1e-3,
+            steps: 40,
+            seed: 7,
+            ..Default::default()
+        };
+        let sets = Layer::from_sets(&["lr=3e-3".into(), "steps=50".into()]).unwrap();
+        let mut flags = Layer::default();
+        flags.set("steps", 60);
+        let cfg = saved.clone().layered(&[sets, flags]).unwrap();
+        // lr set explicitly to the default value still wins over the saved one
+        assert_eq!((cfg.lr, cfg.steps, cfg.seed), (3e-3, 60, 7));
+        assert_eq!(cfg.block_size, saved.block_size);
+        let d = tempfile::tempdir().unwrap();
+        let file = d.path().join("run.toml");
+        std::fs::write(&file, "seed = 9\nlr = 2e-3\n").unwrap();
+        let layer = Layer::from_file(&file).unwrap();
+        assert_eq!(layer.keys().collect::<Vec<_>>(), ["lr", "seed"]);
+        let cfg = saved
+            .layered(&[layer, Layer::from_sets(&["lr=5e-3".into()]).unwrap()])
+            .unwrap();
+        assert_eq!((cfg.seed, cfg.lr, cfg.steps), (9, 5e-3, 40));
+        std::fs::write(&file, "lrr = 1\n").unwrap();
+        assert!(Layer::from_file(&file)
+            .unwrap_err()
+            .to_string()
+            .contains("lrr"));
     }
 
     #[test]

@@ -21,6 +21,12 @@ use crate::trace_name;
 
 use super::optim::{AdamW, AdamWConfig};
 
+/// Seed of step `step`'s anchor draw: a function of the run seed and the step alone, so a
+/// resumed run draws what the straight run drew.
+pub fn step_seed(seed: u64, step: i64) -> u64 {
+    seed ^ (step as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15)
+}
+
 /// One batch as the target side hands it over.
 pub struct Batch {
     /// `[B, S]` i64, on the host.

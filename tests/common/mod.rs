@@ -17,6 +17,9 @@ pub const SMALL: &[&str] = &[
     "--quiet",
 ];
 
+/// No held-out split: saves a run two evaluations (about 1.5 s) where they do not matter.
+pub const NO_HELDOUT: &[&str] = &["--set", "heldout_fraction=0"];
+
 pub fn dflash() -> Command {
     Command::cargo_bin("dflash").unwrap()
 }
@@ -81,4 +84,86 @@ pub fn wait_for_steps(run: &Path, n: usize) {
         std::thread::sleep(Duration::from_millis(100));
     }
     panic!("training did not reach {n} steps");
+}
+
+/// `dflash train ARGS --run-dir RUN` on the small slice, whatever its outcome.
+pub fn train(run: &Path, args: &[&str]) -> Output {
+    dflash()
+        .arg("train")
+        .args(args)
+        .arg("--run-dir")
+        .arg(run)
+        .args(SMALL)
+        .output()
+        .unwrap()
+}
+
+/// Starts `dflash train ARGS --run-dir RUN` on the small slice.
+pub fn spawn_train(run: &Path, args: &[&str]) -> Child {
+    dflash()
+        .arg("train")
+        .args(args)
+        .arg("--run-dir")
+        .arg(run)
+        .args(SMALL)
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+/// The `step` of every line of the run's metrics.jsonl, in file order.
+pub fn metric_steps(run: &Path) -> Vec<i64> {
+    std::fs::read_to_string(run.join("metrics.jsonl"))
+        .unwrap_or_default()
+        .lines()
+        .map(|l| {
+            serde_json::from_str::<serde_json::Value>(l).unwrap()["step"]
+                .as_i64()
+                .unwrap()
+        })
+        .collect()
+}
+
+/// Complete lines in the run's metrics.jsonl right now.
+pub fn metric_lines(run: &Path) -> usize {
+    std::fs::read(run.join("metrics.jsonl"))
+        .map(|b| b.iter().filter(|&&c| c == b'\n').count())
+        .unwrap_or(0)
+}
+
+pub fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// Sends `sig` to a child process.
+pub fn signal(child: &Child, sig: i32) {
+    // SAFETY: a signal to a process we started.
+    unsafe { libc::kill(child.id() as i32, sig) };
+}
+
+/// The temporary leftovers of crashed writers under `dir` (recursively).
+pub fn leftovers(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        if dflash::durable::is_leftover(&e.file_name().to_string_lossy()) {
+            out.push(e.path());
+        } else if e.file_type().is_ok_and(|t| t.is_dir()) {
+            out.extend(leftovers(&e.path()));
+        }
+    }
+    out
+}
+
+/// The analyzer binary of the same build (another package of the workspace, so cargo
+/// does not hand its path to a test; `cargo test --workspace` builds it).
+pub fn analyzer() -> std::path::PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let dir = exe.parent().and_then(|d| d.parent()).unwrap();
+    let bin = dir.join(format!("dflash-analyze{}", std::env::consts::EXE_SUFFIX));
+    assert!(
+        bin.exists(),
+        "{} is missing: run the tests with `cargo test --workspace`",
+        bin.display()
+    );
+    bin
 }

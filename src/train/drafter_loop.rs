@@ -1,0 +1,409 @@
+//! The drafter worker (the calling thread): builds the trainer around the target's frozen
+//! embedding and lm_head, restores a checkpoint on resume, then takes hidden states off
+//! the queue and trains, step by step, saving checkpoints on the step and time intervals
+//! and at the end, stopping at the end, at `--stop-after` or on SIGINT/SIGTERM. A finished
+//! run exports the drafter. Every write is checked; a failure names where the run stands.
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+use tch::Tensor;
+
+use crate::cuda;
+use crate::model::{self, objective, LoadedDrafter};
+use crate::run_files;
+use crate::trace::{self, Recorder};
+use crate::trace_name;
+
+use super::checkpoint::{self, Checkpoint, RunState};
+use super::data;
+use super::error::{Standing, TrainError};
+use super::optim::{lr_at, AdamWConfig};
+use super::plan::{compute_kind, Plan};
+use super::queue::HiddenQueue;
+use super::report::{Eval, RunOptions, RunReport, RunStatus};
+use super::run_dir::RunDir;
+use super::run_log::{self, Console, MetricsLog, RunLog, StepRecord};
+use super::step::{step_seed, Batch, DrafterTrainer, StepConfig};
+use super::target_worker::{injected_fault, Item, TargetHead};
+
+/// Everything the drafter side works with.
+pub(super) struct DrafterLoop<'a> {
+    pub plan: &'a Plan,
+    pub opts: &'a RunOptions,
+    pub dir: &'a RunDir,
+    pub queue: &'a HiddenQueue<Item>,
+    pub head: &'a crossbeam_channel::Receiver<TargetHead>,
+    /// The checkpoint a resume continues from.
+    pub resume_from: Option<&'a Checkpoint>,
+    /// The drafter's CUDA stream.
+    pub stream: Option<&'a cuda::Stream>,
+    pub recorder: Option<&'a Recorder>,
+    /// 0, or the signal that asked to stop.
+    pub stop: &'a AtomicUsize,
+}
+
+/// The state of a run in progress.
+struct Progress {
+    state: RunState,
+    /// Where the run stands, for the message of a failed write.
+    standing: Standing,
+    last_save: Instant,
+    report: RunReport,
+}
+
+impl DrafterLoop<'_> {
+    /// Trains `drafter` until the end, `--stop-after` or a signal.
+    pub fn run(&self, drafter: LoadedDrafter) -> Result<RunReport, TrainError> {
+        let cfg = &self.plan.cfg;
+        let mut trainer = self.trainer(drafter)?;
+        let mut state = RunState {
+            step: 0,
+            data_position: 0,
+        };
+        if let Some(c) = self.resume_from {
+            state = checkpoint::restore(&c.dir, &mut trainer).map_err(TrainError::Resume)?;
+        }
+        let standing = Standing::new(
+            self.dir.path(),
+            cfg.save_checkpoints,
+            self.resume_from.cloned(),
+        );
+        let mut p = Progress {
+            state,
+            standing,
+            last_save: Instant::now(),
+            report: RunReport {
+                start_step: state.step,
+                steps: cfg.steps,
+                ..Default::default()
+            },
+        };
+        let heldout = heldout_batches(self.plan, 8);
+        if state.step == 0 && !heldout.is_empty() {
+            p.report.heldout_before = Some(evaluate(self.plan, &trainer, &heldout)?);
+        }
+        let path = self.dir.file(run_files::METRICS);
+        let metrics = MetricsLog::open(&path, state.step).map_err(|e| {
+            p.standing
+                .write_failed(format!("writing {}", path.display()), e)
+        })?;
+        let mut log = RunLog {
+            metrics,
+            console: Console::new(self.opts.quiet, cfg.log_every, cfg.steps),
+        };
+        self.train(&mut trainer, &mut p, &mut log)?;
+        self.finish(&trainer, &mut p, &log)?;
+        trace::set_thread_recording(false);
+        if !heldout.is_empty() && !p.report.stopped_by_signal {
+            p.report.heldout_after = Some(evaluate(self.plan, &trainer, &heldout)?);
+        }
+        Ok(p.report)
+    }
+
+    /// The trainer, once worker 0 has sent the target's head.
+    fn trainer(&self, d: LoadedDrafter) -> Result<DrafterTrainer, TrainError> {
+        let cfg = &self.plan.cfg;
+        let head = match self.head.recv() {
+            Ok(h) => h,
+            // worker 0 failed before it could send: its error is on the queue
+            Err(_) => {
+                return Err(match self.queue.get() {
+                    Err(e) => TrainError::WorkerStart(e),
+                    _ => TrainError::WorkerGone,
+                })
+            }
+        };
+        let step_cfg = StepConfig {
+            num_anchors: cfg.num_anchors,
+            gamma: if cfg.gamma > 0.0 {
+                cfg.gamma
+            } else {
+                objective::default_gamma(cfg.block_size)
+            },
+            chunk_blocks: cfg.chunk_blocks,
+            grad_clip: cfg.grad_clip,
+        };
+        let adamw = AdamWConfig {
+            weight_decay: cfg.weight_decay,
+            ..Default::default()
+        };
+        let kind = compute_kind(self.plan.drafter_device);
+        DrafterTrainer::new(
+            d.model,
+            d.vs,
+            &head.embed,
+            &head.lm_head,
+            kind,
+            step_cfg,
+            adamw,
+        )
+        .map_err(TrainError::Drafter)
+    }
+
+    /// The step loop.
+    fn train(
+        &self,
+        trainer: &mut DrafterTrainer,
+        p: &mut Progress,
+        log: &mut RunLog,
+    ) -> Result<(), TrainError> {
+        let cfg = &self.plan.cfg;
+        let (window, end) = (self.plan.window, self.end());
+        let warmup = (cfg.steps as f64 * cfg.warmup_ratio).round() as i64;
+        let fail_at = injected_fault("drafter");
+        while p.state.step < end {
+            if fail_at.is_some_and(|n| p.state.step as u64 >= n) {
+                return Err(TrainError::InjectedFault);
+            }
+            let sig = self.stop.load(Ordering::Relaxed) as i32;
+            if sig != 0 {
+                p.report.stopped_by_signal = true;
+                p.report.signal_number = Some(sig);
+                p.report.signal = Some(signal_name(sig));
+                break;
+            }
+            let step = p.state.step;
+            trace::set_thread_recording((window.0..window.1).contains(&step));
+            let t0 = Instant::now();
+            let profiler_step = trace::step_span(step as u64);
+            let (item, queue_wait) = self.next_item()?;
+            if let (Some(ev), Some(s)) = (&item.ready, self.stream) {
+                s.wait_event(ev).map_err(TrainError::Gpu)?;
+                cuda::record_stream(&item.batch.features, s).map_err(TrainError::Gpu)?;
+            }
+            let lr = lr_at(step, cfg.steps, warmup, cfg.lr);
+            let mut rng = ChaCha8Rng::seed_from_u64(step_seed(cfg.seed, step));
+            let metrics = {
+                let mut span = trace::span(trace_name!("drafter.step"));
+                let m = trainer
+                    .train_step(&item.batch, &mut rng, lr)
+                    .map_err(TrainError::Step)?;
+                span.arg("step", step as u64);
+                span.arg("tokens", m.tokens as u64);
+                span.arg("loss", m.loss);
+                m
+            };
+            drop(profiler_step);
+            drop(item);
+            if !metrics.loss.is_finite() {
+                return Err(TrainError::LossNotFinite {
+                    loss: metrics.loss,
+                    step,
+                });
+            }
+            p.state.step += 1;
+            p.state.data_position += 1;
+            p.report.losses.push(metrics.loss);
+            let record = StepRecord {
+                step,
+                metrics,
+                lr,
+                elapsed: t0.elapsed(),
+                queue_wait,
+            };
+            log.step(&record, end).map_err(|e| {
+                let what = format!("writing {}", log.metrics.path().display());
+                p.standing.write_failed(what, e)
+            })?;
+            self.live_summary(trainer, step, metrics.tokens);
+            if self.checkpoint_due(p) && p.state.step < end {
+                self.save(trainer, p, &log.metrics)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The step this run stops at: the end, or `--stop-after`.
+    fn end(&self) -> i64 {
+        let steps = self.plan.cfg.steps;
+        self.opts.stop_after.map_or(steps, |s| s.min(steps))
+    }
+
+    /// The next batch's hidden states and the time spent waiting for them. The wait and
+    /// the get are separate spans so the flow from `queue.put` always lands on a span that
+    /// starts after the put began.
+    fn next_item(&self) -> Result<(Item, Duration), TrainError> {
+        let wait = {
+            let _w = trace::queue_span(trace_name!("queue.wait"));
+            self.queue.wait_ready()
+        };
+        let mut span = trace::queue_span(trace_name!("queue.get"));
+        let Some((item, info)) = self.queue.get()? else {
+            return Err(TrainError::WorkersStopped);
+        };
+        if let Some(flow) = item.flow {
+            span.flow_in(flow);
+        }
+        let wait = wait + info.wait;
+        span.arg("wait_us", wait.as_secs_f64() * 1e6);
+        span.arg("depth", info.depth as u64);
+        span.arg("batch", item.batch.index);
+        trace::counter(trace_name!("queue"), "depth", info.depth as f64);
+        Ok((item, wait))
+    }
+
+    /// Prints the live per-section summary of traced steps when one is due.
+    fn live_summary(&self, trainer: &DrafterTrainer, step: i64, tokens: i64) {
+        let cfg = &self.plan.cfg;
+        let (a, b) = self.plan.window;
+        let Some(rec) = self.recorder else {
+            return;
+        };
+        if cfg.summary_every > 0
+            && !cfg.sync_sections
+            && (a..b).contains(&step)
+            && (step + 1) % cfg.summary_every == 0
+            && !self.opts.quiet
+        {
+            let layers = trainer.drafter.layers.len();
+            eprintln!(
+                "{}",
+                run_log::live_summary(&rec.stats_snapshot(), layers, tokens)
+            );
+        }
+    }
+
+    /// A checkpoint is due every `checkpoint_every` steps and `checkpoint_minutes`
+    /// minutes (each when set).
+    fn checkpoint_due(&self, p: &Progress) -> bool {
+        let cfg = &self.plan.cfg;
+        let by_step = cfg.checkpoint_every > 0 && p.state.step % cfg.checkpoint_every == 0;
+        let by_time = cfg.checkpoint_minutes > 0.0
+            && p.last_save.elapsed().as_secs_f64() >= cfg.checkpoint_minutes * 60.0;
+        cfg.save_checkpoints && (by_step || by_time)
+    }
+
+    /// Saves a checkpoint of the current state, the metrics before it made durable.
+    fn save(
+        &self,
+        trainer: &DrafterTrainer,
+        p: &mut Progress,
+        metrics: &MetricsLog,
+    ) -> Result<(), TrainError> {
+        let what = format!("checkpoint of step {} not written", p.state.step);
+        metrics
+            .sync()
+            .map_err(|e| p.standing.write_failed(what.clone(), e))?;
+        let keep = self.plan.cfg.keep_checkpoints as usize;
+        let c = checkpoint::save(self.dir.path(), trainer, p.state, keep)
+            .map_err(|e| p.standing.write_failed(what, e))?;
+        p.standing.last = Some(c);
+        p.last_save = Instant::now();
+        Ok(())
+    }
+
+    /// After the loop: the final checkpoint (unless the last one is of this step), the
+    /// drafter export of a finished run, the report's figures.
+    fn finish(
+        &self,
+        trainer: &DrafterTrainer,
+        p: &mut Progress,
+        log: &RunLog,
+    ) -> Result<(), TrainError> {
+        let cfg = &self.plan.cfg;
+        let done = p.state.step - p.report.start_step;
+        (p.report.tokens_per_s, p.report.mean_step_ms) = log.console.throughput(done);
+        p.report.steps_done = done;
+        p.report.step = p.state.step;
+        let finished = p.state.step == cfg.steps;
+        log.metrics.sync().map_err(|e| {
+            let what = format!("writing {}", log.metrics.path().display());
+            p.standing.write_failed(what, e)
+        })?;
+        if cfg.save_checkpoints {
+            if p.standing.last.as_ref().map(|c| c.step) != Some(p.state.step) {
+                self.save(trainer, p, &log.metrics)?;
+            }
+            if finished {
+                let out = self.dir.file(run_files::DRAFTER);
+                model::save_drafter(&trainer.vs, &trainer.drafter.cfg, &out).map_err(|e| {
+                    let what = format!(
+                        "training finished but the drafter was not exported to {}",
+                        out.display()
+                    );
+                    p.standing.write_failed(what, e)
+                })?;
+                p.report.drafter = Some(out);
+            }
+        }
+        p.report.checkpoint = p.standing.last.as_ref().map(|c| c.dir.clone());
+        p.report.status = if finished {
+            RunStatus::Finished
+        } else {
+            RunStatus::Stopped
+        };
+        if p.report.stopped_by_signal && !self.opts.quiet {
+            let saved = if cfg.save_checkpoints {
+                "checkpoint saved"
+            } else {
+                "no checkpoint (save_checkpoints is off)"
+            };
+            eprintln!(
+                "stopped by {} after step {}; {saved}: continue with --resume {}",
+                p.report.signal.as_deref().unwrap_or("a signal"),
+                p.state.step,
+                self.dir.path().display()
+            );
+        }
+        Ok(())
+    }
+}
+
+pub(super) fn signal_name(sig: i32) -> String {
+    match sig {
+        signal_hook::consts::SIGINT => "SIGINT".into(),
+        signal_hook::consts::SIGTERM => "SIGTERM".into(),
+        n => format!("signal {n}"),
+    }
+}
+
+fn heldout_batches(plan: &Plan, max: usize) -> Vec<data::HostBatch> {
+    let seqs: Vec<&data::Sequence> = plan.data.heldout.iter().collect();
+    let per = (plan.cfg.batch_tokens / plan.cfg.seq_len).max(1);
+    seqs.chunks(per)
+        .take(max)
+        .enumerate()
+        .map(|(i, c)| data::collate(c, plan.pad(), i as u64))
+        .collect()
+}
+
+/// Loss, accuracy and tau_hat on held-out batches, with a target loaded on the drafter's
+/// device (anchors drawn with a fixed seed, so before/after figures are comparable).
+fn evaluate(
+    plan: &Plan,
+    trainer: &DrafterTrainer,
+    batches: &[data::HostBatch],
+) -> Result<Eval, TrainError> {
+    let target = plan
+        .source
+        .load(trainer.device, trainer.kind)
+        .map_err(TrainError::Step)?;
+    let taps = &plan.drafter_cfg.target_layer_ids;
+    let mut sum = Eval::default();
+    let mut rng = ChaCha8Rng::seed_from_u64(12345);
+    for b in batches {
+        let ids = b.input_ids.to_device(trainer.device);
+        let out =
+            tch::no_grad(|| target.model.forward(&ids, taps, false)).map_err(TrainError::Step)?;
+        let batch = Batch {
+            input_ids: b.input_ids.shallow_clone(),
+            loss_mask: b.loss_mask.shallow_clone(),
+            features: Tensor::cat(&out.hidden, -1),
+            index: b.index,
+        };
+        let m = trainer
+            .evaluate(&batch, &mut rng)
+            .map_err(TrainError::Step)?;
+        sum.loss += m.loss;
+        sum.accuracy += m.accuracy;
+        sum.tau_hat += m.tau_hat;
+    }
+    let n = batches.len() as f64;
+    Ok(Eval {
+        loss: sum.loss / n,
+        accuracy: sum.accuracy / n,
+        tau_hat: sum.tau_hat / n,
+    })
+}
