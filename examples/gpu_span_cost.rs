@@ -75,6 +75,25 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     // In use: a span around one small kernel launch, against the launch alone.
     let x = tch::Tensor::zeros([1024], (tch::Kind::Float, tch::Device::Cuda(0)));
+    launch_costs(&rec, name, &x, &stream)?;
+    host_call_costs(&stream, &x)?;
+    let s = rec.finish()?;
+    println!(
+        "gpu spans written {}, dropped {}, errors {}",
+        s.gpu_spans, s.gpu_spans_dropped, s.gpu_errors
+    );
+    Ok(())
+}
+
+/// A span around one small kernel launch against the launch alone: back to back, with a
+/// CPU gap after each, with the caches polluted between launches, and with another thread
+/// launching on its own stream; the recorder's own figures for each.
+fn launch_costs(
+    rec: &Recorder,
+    name: trace::Name,
+    x: &tch::Tensor,
+    stream: &cuda::Stream,
+) -> Result<(), Box<dyn std::error::Error>> {
     let (kmin, kmed) = per_span_ns(&rec, 50, 200, || {
         let _ = x.g_add_scalar(1.0);
     });
@@ -168,12 +187,6 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             c.events_per_span()
         );
     }
-    host_call_costs(&stream, &x)?;
-    let s = rec.finish()?;
-    println!(
-        "gpu spans written {}, dropped {}, errors {}",
-        s.gpu_spans, s.gpu_spans_dropped, s.gpu_errors
-    );
     Ok(())
 }
 

@@ -60,7 +60,8 @@ f = json.load(sys.stdin).get("findings") or []
 print(f[0]["text"] if f else "no finding: nothing stands out in this run")')"
 t_done=$SECONDS
 
-trace_file="$(ls -1 "$run"/trace.json "$run"/trace.json.gz 2>/dev/null | head -n 1)"
+trace_file="$run/trace.json"
+[[ -f "$trace_file" ]] || trace_file="$run/trace.json.gz"
 abs() { (cd "$(dirname "$1")" && printf '%s/%s' "$(pwd)" "$(basename "$1")"); }
 cat <<EOF
 

@@ -7,6 +7,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
+use chrome_trace_format::dflash as names;
 use serde_json::Value;
 
 mod common;
@@ -74,33 +75,14 @@ fn cpu_trace_has_every_section_nested_with_metadata() {
 fn check_structure(trace: &Value, layers: usize, want_steps: &[&str]) {
     let xs = spans(trace);
     let names: BTreeSet<&str> = xs.iter().map(|e| e["name"].as_str().unwrap()).collect();
-    let mut required: Vec<String> = [
-        "target.forward",
-        "target.extract",
-        "queue.put",
-        "queue.get",
-        "drafter.step",
-        "drafter.h2d",
-        "drafter.anchors",
-        "drafter.noise_embed",
-        "drafter.rope",
-        "drafter.mask",
-        "drafter.fc",
-        "drafter.norm",
-        "drafter.lm_head_loss",
-        "drafter.backward",
-        "drafter.clip",
-        "drafter.optimizer",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
+    let mut required: Vec<String> = names::TARGET_SECTIONS
+        .iter()
+        .chain(&[names::QUEUE_PUT, names::QUEUE_GET, names::DRAFTER_STEP])
+        .chain(&names::DRAFTER_SECTIONS)
+        .map(|s| s.to_string())
+        .collect();
     for i in 0..layers {
-        required.extend([
-            format!("drafter.layer.{i}"),
-            format!("drafter.layer.{i}.attn"),
-            format!("drafter.layer.{i}.mlp"),
-        ]);
+        required.extend([names::layer(i), names::layer_attn(i), names::layer_mlp(i)]);
     }
     for r in &required {
         assert!(names.contains(r.as_str()), "missing {r}");

@@ -11,12 +11,14 @@
 
 use std::collections::BTreeMap;
 
+use chrome_trace_format::{dflash, Clock};
 use polars::prelude::*;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::breakdown::{self, Breakdown};
 use crate::load::Trace;
 use crate::queries as q;
+use crate::rows::rows;
 use crate::stats;
 
 /// Fewer per-step samples than this in either run: `insufficient`.
@@ -72,7 +74,7 @@ impl Default for CompareOptions {
 pub struct SectionCompare {
     pub name: String,
     /// `cpu` or `gpu`.
-    pub kind: String,
+    pub kind: Clock,
     /// Judged on the absolute durations.
     pub verdict: Verdict,
     /// median(B) / median(A); null when a run lacks the section.
@@ -128,23 +130,31 @@ pub struct Comparison {
     pub summary: Vec<String>,
 }
 
-type Samples = BTreeMap<(String, String), Vec<f64>>;
+type Samples = BTreeMap<(String, Clock), Vec<f64>>;
+
+/// A section's summed duration in one step (a row of `queries::per_step_sections`).
+#[derive(Deserialize)]
+struct StepSection {
+    name: String,
+    kind: Clock,
+    dur_us: Option<f64>,
+}
 
 /// Per-step durations of every section.
 pub fn samples(trace: &Trace) -> PolarsResult<Samples> {
     let df = q::per_step_sections(trace.spans.clone().lazy()).collect()?;
-    let (name, kind, dur) = (
-        q::strs(&df, "name")?,
-        q::strs(&df, "kind")?,
-        q::f64s(&df, "dur_us")?,
-    );
     let mut out: Samples = BTreeMap::new();
-    for ((n, k), d) in name.into_iter().zip(kind).zip(dur) {
-        if let Some(d) = d {
-            out.entry((n, k)).or_default().push(d);
+    for s in rows::<StepSection>(&df)? {
+        if let Some(d) = s.dur_us {
+            out.entry((s.name, s.kind)).or_default().push(d);
         }
     }
     Ok(out)
+}
+
+/// A CPU section that is host work: queue waits measure the other side.
+fn is_host_work(s: &SectionCompare) -> bool {
+    s.kind == Clock::Cpu && !dflash::is_queue(&s.name)
 }
 
 fn judge(p_adj: f64, lo: f64, hi: f64, o: &CompareOptions) -> Verdict {
@@ -181,7 +191,7 @@ pub fn compare_samples(
     b: &Samples,
     o: &CompareOptions,
 ) -> (Vec<SectionCompare>, Option<HostShift>) {
-    let keys: Vec<(String, String)> = a
+    let keys: Vec<(String, Clock)> = a
         .keys()
         .chain(b.keys())
         .cloned()
@@ -197,7 +207,7 @@ pub fn compare_samples(
         let (ma, mb) = (stats::median(sa), stats::median(sb));
         let mut s = SectionCompare {
             name: key.0.clone(),
-            kind: key.1.clone(),
+            kind: key.1,
             verdict: Verdict::Insufficient,
             ratio: match (ma, mb) {
                 (Some(x), Some(y)) if x > 0.0 => Some(y / x),
@@ -235,14 +245,23 @@ pub fn compare_samples(
     }
 
     // A host shift: most CPU sections (queue waits aside: they measure the other side)
-    // moved by about the same factor.
-    let cpu: Vec<usize> = tested
+    // moved by about the same factor; then every section is judged relative to it.
+    let host_work: Vec<usize> = tested
         .iter()
         .map(|t| t.0)
-        .filter(|&i| out[i].kind == "cpu" && !out[i].name.starts_with("queue."))
+        .filter(|&i| is_host_work(&out[i]))
         .collect();
+    let host = host_shift(&out, &host_work, o);
+    if let Some(h) = &host {
+        judge_relative(&mut out, &host_work, (a, b), h, o);
+    }
+    (out, host)
+}
+
+/// The host shift, if the CPU sections `cpu` (host work, tested) moved together.
+fn host_shift(out: &[SectionCompare], cpu: &[usize], o: &CompareOptions) -> Option<HostShift> {
     let ratios: Vec<f64> = cpu.iter().filter_map(|&i| out[i].ratio).collect();
-    let host = stats::median(&ratios).and_then(|m| {
+    stats::median(&ratios).and_then(|m| {
         let close = ratios
             .iter()
             .filter(|r| (*r / m - 1.0).abs() <= HOST_SPREAD)
@@ -260,49 +279,47 @@ pub fn compare_samples(
                 sections: close,
                 of: ratios.len(),
             })
-    });
+    })
+}
 
-    // Relative to the host factor: CPU sections (queue waits aside) tested again against A
-    // scaled by it.
-    if let Some(h) = &host {
-        let rel_idx: Vec<usize> = tested
-            .iter()
-            .map(|t| t.0)
-            .filter(|&i| out[i].kind == "cpu" && !out[i].name.starts_with("queue."))
-            .collect();
-        let mut rel: Vec<(usize, f64, f64, f64, f64)> = Vec::new();
-        for &i in &rel_idx {
-            let key = (out[i].name.clone(), out[i].kind.clone());
-            let (sa, sb) = (&a[&key], &b[&key]);
-            if let Some((r, lo, hi, p)) =
-                test(sa, sb, h.factor, o.seed.wrapping_add(1000 + i as u64))
-            {
-                rel.push((i, r, lo, hi, p));
-            }
+/// Relative to the host factor: the CPU sections `cpu` (host work, tested) tested again
+/// against A scaled by it; queue waits that moved by about the factor are explained by it.
+fn judge_relative(
+    out: &mut [SectionCompare],
+    cpu: &[usize],
+    (a, b): (&Samples, &Samples),
+    h: &HostShift,
+    o: &CompareOptions,
+) {
+    let mut rel: Vec<(usize, f64, f64, f64, f64)> = Vec::new();
+    for &i in cpu {
+        let key = (out[i].name.clone(), out[i].kind);
+        let (sa, sb) = (&a[&key], &b[&key]);
+        if let Some((r, lo, hi, p)) = test(sa, sb, h.factor, o.seed.wrapping_add(1000 + i as u64)) {
+            rel.push((i, r, lo, hi, p));
         }
-        let adj = stats::holm(&rel.iter().map(|t| t.4).collect::<Vec<_>>());
-        for (&(i, r, lo, hi, _), pa) in rel.iter().zip(adj) {
-            let s = &mut out[i];
-            let v = judge(pa, lo, hi, o);
-            s.relative_ratio = Some(r);
-            s.relative_verdict = Some(v);
-            s.explained_by_host = s.verdict != Verdict::Unchanged && v == Verdict::Unchanged;
-        }
-        // Queue waits are not host work, but they stretch with the side they wait for:
-        // one that moved by about the host factor is explained by it.
-        for s in out
-            .iter_mut()
-            .filter(|s| s.kind == "cpu" && s.name.starts_with("queue."))
-        {
-            if let (Some(r), Verdict::Regression | Verdict::Improvement) = (s.ratio, s.verdict) {
-                if (r / h.factor - 1.0).abs() <= HOST_SPREAD {
-                    s.relative_ratio = Some(r / h.factor);
-                    s.explained_by_host = true;
-                }
+    }
+    let adj = stats::holm(&rel.iter().map(|t| t.4).collect::<Vec<_>>());
+    for (&(i, r, lo, hi, _), pa) in rel.iter().zip(adj) {
+        let s = &mut out[i];
+        let v = judge(pa, lo, hi, o);
+        s.relative_ratio = Some(r);
+        s.relative_verdict = Some(v);
+        s.explained_by_host = s.verdict != Verdict::Unchanged && v == Verdict::Unchanged;
+    }
+    // Queue waits are not host work, but they stretch with the side they wait for:
+    // one that moved by about the host factor is explained by it.
+    for s in out
+        .iter_mut()
+        .filter(|s| s.kind == Clock::Cpu && dflash::is_queue(&s.name))
+    {
+        if let (Some(r), Verdict::Regression | Verdict::Improvement) = (s.ratio, s.verdict) {
+            if (r / h.factor - 1.0).abs() <= HOST_SPREAD {
+                s.relative_ratio = Some(r / h.factor);
+                s.explained_by_host = true;
             }
         }
     }
-    (out, host)
 }
 
 fn is_flagged_regression(s: &SectionCompare) -> bool {
@@ -430,13 +447,13 @@ mod tests {
         let mut b = Samples::new();
         for (k, n) in names.iter().enumerate() {
             let mean = 100.0 * (k + 1) as f64;
-            a.insert((n.to_string(), "cpu".into()), sample(&mut ra, mean, 30));
+            a.insert((n.to_string(), Clock::Cpu), sample(&mut ra, mean, 30));
             b.insert(
-                (n.to_string(), "cpu".into()),
+                (n.to_string(), Clock::Cpu),
                 sample(&mut rb, mean * shift(n), 30),
             );
-            a.insert((n.to_string(), "gpu".into()), sample(&mut ra, mean, 30));
-            b.insert((n.to_string(), "gpu".into()), sample(&mut rb, mean, 30));
+            a.insert((n.to_string(), Clock::Gpu), sample(&mut ra, mean, 30));
+            b.insert((n.to_string(), Clock::Gpu), sample(&mut rb, mean, 30));
         }
         (a, b)
     }
@@ -449,7 +466,7 @@ mod tests {
         let flagged: Vec<_> = s
             .iter()
             .filter(|s| s.verdict != Verdict::Unchanged)
-            .map(|s| (&s.name[..], &s.kind[..]))
+            .map(|s| (&s.name[..], s.kind.as_str()))
             .collect();
         assert_eq!(flagged, vec![("x.c", "cpu")]);
     }
@@ -471,8 +488,8 @@ mod tests {
     fn few_samples_are_insufficient() {
         let mut a = Samples::new();
         let mut b = Samples::new();
-        a.insert(("x".into(), "cpu".into()), vec![1.0, 2.0, 3.0]);
-        b.insert(("x".into(), "cpu".into()), vec![10.0, 20.0, 30.0]);
+        a.insert(("x".into(), Clock::Cpu), vec![1.0, 2.0, 3.0]);
+        b.insert(("x".into(), Clock::Cpu), vec![10.0, 20.0, 30.0]);
         let (s, _) = compare_samples(&a, &b, &CompareOptions::default());
         assert_eq!(s[0].verdict, Verdict::Insufficient);
     }

@@ -2,9 +2,10 @@
 //! how idle the GPU is, what dominates a step. Each rule has a named threshold; findings
 //! are ordered by the share of step time they concern.
 
-use serde::Serialize;
+use chrome_trace_format::{dflash, Clock};
 
-use crate::breakdown::Breakdown;
+use crate::breakdown::tables::Breakdown;
+pub use crate::breakdown::tables::Finding;
 
 /// A queue side that waits this share of the step time or more is starved (or blocked).
 pub const QUEUE_WAIT_SHARE: f64 = 0.10;
@@ -19,17 +20,6 @@ pub const UNEVEN_STEPS: f64 = 1.3;
 /// Sections named as the largest share of a step.
 pub const TOP_SECTIONS: usize = 3;
 
-#[derive(Debug, Clone, Serialize, PartialEq)]
-pub struct Finding {
-    /// A stable identifier of the rule, e.g. `queue_starved`, `launch_bound`.
-    pub rule: &'static str,
-    /// The section or queue side it concerns, when there is one.
-    pub subject: Option<String>,
-    /// The share of step time it concerns; findings are sorted by it.
-    pub share: f64,
-    pub text: String,
-}
-
 fn pct(x: f64) -> String {
     format!("{:.0}%", x * 100.0)
 }
@@ -40,20 +30,33 @@ fn component(name: &str) -> &str {
 
 pub fn findings(b: &Breakdown) -> Vec<Finding> {
     let mut out = Vec::new();
-    let step_total = b.steps.total_us;
+    queue_waits(b, &mut out);
+    launch_bound(b, &mut out);
+    gpu_idle(b, &mut out);
+    top_sections(b, &mut out);
+    uneven_steps(b, &mut out);
+    // Diagnoses first, then what dominates; each group by share.
+    out.sort_by(|x, y| {
+        (x.rule == "top_section")
+            .cmp(&(y.rule == "top_section"))
+            .then(y.share.total_cmp(&x.share))
+    });
+    out
+}
 
-    // 1. Who waits on whom.
+/// 1. Who waits on whom.
+fn queue_waits(b: &Breakdown, out: &mut Vec<Finding>) {
     for q in &b.queue {
         if q.share < QUEUE_WAIT_SHARE {
             continue;
         }
         let text = match q.name.as_str() {
-            "queue.get" => format!(
+            dflash::QUEUE_GET => format!(
                 "drafter waits on the queue {} of the step (queue.get, {:.0} us per step at the median): the target side is the bottleneck",
                 pct(q.share),
                 q.wait_p50_us
             ),
-            "queue.put" => format!(
+            dflash::QUEUE_PUT => format!(
                 "target waits on a full queue {} of the step time (queue.put): the drafter is the bottleneck",
                 pct(q.share)
             ),
@@ -70,11 +73,11 @@ pub fn findings(b: &Breakdown) -> Vec<Finding> {
         if d.empty_share >= 0.5
             && b.queue
                 .iter()
-                .any(|q| q.name == "queue.get" && q.share >= QUEUE_WAIT_SHARE)
+                .any(|q| q.name == dflash::QUEUE_GET && q.share >= QUEUE_WAIT_SHARE)
         {
             out.push(Finding {
                 rule: "queue_empty",
-                subject: Some("queue".into()),
+                subject: Some(dflash::QUEUE_COUNTER.into()),
                 share: 0.0,
                 text: format!(
                     "the queue is empty at {} of its samples (mean depth {:.1}): the producer cannot keep it filled",
@@ -84,8 +87,11 @@ pub fn findings(b: &Breakdown) -> Vec<Finding> {
             });
         }
     }
+}
 
-    // 2. Launch-bound sections: CPU time well above GPU time.
+/// 2. Launch-bound sections: CPU time well above GPU time.
+fn launch_bound(b: &Breakdown, out: &mut Vec<Finding>) {
+    let step_total = b.steps.total_us;
     for cg in &b.cpu_gpu {
         let share = if step_total > 0.0 {
             cg.cpu_total_us / step_total
@@ -110,8 +116,10 @@ pub fn findings(b: &Breakdown) -> Vec<Finding> {
             });
         }
     }
+}
 
-    // 3. GPU idle inside steps.
+/// 3. GPU idle inside steps.
+fn gpu_idle(b: &Breakdown, out: &mut Vec<Finding>) {
     if let Some(idle) = b.steps.gpu_idle_share {
         if idle >= GPU_IDLE_SHARE {
             out.push(Finding {
@@ -125,12 +133,14 @@ pub fn findings(b: &Breakdown) -> Vec<Finding> {
             });
         }
     }
+}
 
-    // 4. What dominates a step.
+/// 4. What dominates a step.
+fn top_sections(b: &Breakdown, out: &mut Vec<Finding>) {
     let mut top: Vec<_> = b
         .sections
         .iter()
-        .filter(|s| s.top_level && s.kind == "cpu" && !s.name.starts_with("queue."))
+        .filter(|s| s.top_level && s.kind == Clock::Cpu && !dflash::is_queue(&s.name))
         .collect();
     top.sort_by(|x, y| y.share.total_cmp(&x.share));
     for s in top.into_iter().take(TOP_SECTIONS) {
@@ -140,7 +150,7 @@ pub fn findings(b: &Breakdown) -> Vec<Finding> {
         let gpu = b
             .sections
             .iter()
-            .find(|g| g.name == s.name && g.kind == "gpu")
+            .find(|g| g.name == s.name && g.kind == Clock::Gpu)
             .map(|g| format!(" (GPU {})", pct(g.share)))
             .unwrap_or_default();
         out.push(Finding {
@@ -155,8 +165,10 @@ pub fn findings(b: &Breakdown) -> Vec<Finding> {
             ),
         });
     }
+}
 
-    // 5. Uneven steps.
+/// 5. Uneven steps.
+fn uneven_steps(b: &Breakdown, out: &mut Vec<Finding>) {
     if b.steps.count >= 5 && b.steps.p50_us > 0.0 && b.steps.p95_us / b.steps.p50_us >= UNEVEN_STEPS
     {
         let slowest = b
@@ -176,11 +188,4 @@ pub fn findings(b: &Breakdown) -> Vec<Finding> {
             ),
         });
     }
-    // Diagnoses first, then what dominates; each group by share.
-    out.sort_by(|x, y| {
-        (x.rule == "top_section")
-            .cmp(&(y.rule == "top_section"))
-            .then(y.share.total_cmp(&x.share))
-    });
-    out
 }

@@ -1,7 +1,18 @@
-//! `dflash-analyze`: reads dflash traces (docs/trace-format.md) and PyTorch-profiler
-//! (Kineto) traces into polars frames, and answers where the time of a training step goes
-//! (`breakdown`), whether a change made it slower (`compare`), with pictures (`plot`),
-//! files (`export`) and one HTML page (`report`). It does not depend on the trainer.
+//! `dflash-analyze`: reads dflash traces and PyTorch-profiler (Kineto) traces into polars
+//! frames, and answers where the time of a training step goes (`breakdown`), whether a
+//! change made it slower (`compare`), with pictures (`plot`), files (`export`) and one
+//! HTML page (`report`).
+//!
+//! Owns: loading ([`load`]: a streaming scanner, parts scanned in parallel, the span,
+//! counter, flow and thread frames), the queries over them ([`queries`], the one place
+//! that speaks polars' expression API, and [`rows`], which reads their small results into
+//! structs), statistics ([`stats`]), the findings in words, rendering, plots, export, the
+//! report, and synthetic traces for tests and the load benchmark ([`synth`]).
+//!
+//! May import: `chrome-trace-format` (what a `cat`, a phase, a name or a run directory's
+//! file means; the writer [`synth`] writes through), polars, plotters, rayon (the load's
+//! thread pool), rustc-hash. Not the trainer and not the recorder: the trace file is the
+//! only contract between the two programs.
 
 pub mod breakdown;
 pub mod cli;
@@ -13,6 +24,7 @@ pub mod plot;
 pub mod queries;
 pub mod render;
 pub mod report;
+pub mod rows;
 pub mod stats;
 pub mod synth;
 pub mod warning;

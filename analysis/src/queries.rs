@@ -2,15 +2,16 @@
 //! releases. Each returns a `LazyFrame` (collected once by its caller) or reads a small
 //! result frame into plain vectors.
 
+use chrome_trace_format::{dflash, Clock, SpanKind};
 use polars::prelude::*;
 
 /// `kind == k` (kinds are an Enum column).
-pub fn kind_is(k: &str) -> Expr {
-    col("kind").cast(DataType::String).eq(lit(k))
+pub fn kind_is(k: SpanKind) -> Expr {
+    col("kind").cast(DataType::String).eq(lit(k.as_str()))
 }
 
-pub fn clock_is(c: &str) -> Expr {
-    col("clock").cast(DataType::String).eq(lit(c))
+pub fn clock_is(c: Clock) -> Expr {
+    col("clock").cast(DataType::String).eq(lit(c.as_str()))
 }
 
 pub fn name_is(n: &str) -> Expr {
@@ -20,12 +21,14 @@ pub fn name_is(n: &str) -> Expr {
 /// Spans that are sections: CPU or GPU timed annotations and queue operations.
 /// (`ProfilerStep#N` spans, also GPU-side ones in Kineto traces, have kind `step`.)
 pub fn is_section() -> Expr {
-    kind_is("cpu").or(kind_is("gpu")).or(kind_is("queue"))
+    kind_is(SpanKind::Cpu)
+        .or(kind_is(SpanKind::Gpu))
+        .or(kind_is(SpanKind::Queue))
 }
 
 /// The CPU-side `ProfilerStep#N` spans.
 pub fn is_cpu_step() -> Expr {
-    kind_is("step").and(clock_is("cpu"))
+    kind_is(SpanKind::Step).and(clock_is(Clock::Cpu))
 }
 
 /// `num / den`, null when `den` is zero.
@@ -39,7 +42,10 @@ fn non_negative(e: Expr) -> Expr {
     when(e.clone().lt(lit(0.0))).then(lit(0.0)).otherwise(e)
 }
 
-fn p(e: Expr, q: f64) -> Expr {
+/// Quantile `q` of a group: linear interpolation between order statistics, the method
+/// of [`stats::quantile_sorted`](crate::stats::quantile_sorted) (a test there checks that
+/// both give the same numbers).
+pub fn p(e: Expr, q: f64) -> Expr {
     e.quantile(lit(q), QuantileMethod::Linear)
 }
 
@@ -89,15 +95,15 @@ pub fn sections(spans: LazyFrame, step_total: f64) -> LazyFrame {
 
 /// Sections timed on both clocks, from the output of [`sections`].
 pub fn cpu_vs_gpu(sections: LazyFrame) -> LazyFrame {
-    let side = |clock: &str, out: &str| {
+    let side = |clock: Clock, out: &str| {
         sections
             .clone()
-            .filter(col("kind").eq(lit(clock)))
+            .filter(col("kind").eq(lit(clock.as_str())))
             .select([col("name"), col("total_us").alias(out)])
     };
-    side("cpu", "cpu_total_us")
+    side(Clock::Cpu, "cpu_total_us")
         .join(
-            side("gpu", "gpu_total_us"),
+            side(Clock::Gpu, "gpu_total_us"),
             [col("name")],
             [col("name")],
             JoinArgs::new(JoinType::Inner),
@@ -116,9 +122,9 @@ pub fn cpu_vs_gpu(sections: LazyFrame) -> LazyFrame {
 /// them, else outermost GPU sections), merged with a running maximum of end times.
 fn gpu_busy(spans: LazyFrame, has_kernels: bool) -> PolarsResult<LazyFrame> {
     let basis = if has_kernels {
-        kind_is("kernel")
+        kind_is(SpanKind::Kernel)
     } else {
-        kind_is("gpu").and(col("top_level"))
+        kind_is(SpanKind::Gpu).and(col("top_level"))
     };
     let start =
         polars::lazy::dsl::max_horizontal([col("ts"), col("prev_end").fill_null(col("ts"))])?;
@@ -142,7 +148,7 @@ fn gpu_busy(spans: LazyFrame, has_kernels: bool) -> PolarsResult<LazyFrame> {
         .agg([col("busy").sum().alias("gpu_busy_us")]))
 }
 
-pub fn has_kind(spans: &DataFrame, kind: &str) -> PolarsResult<bool> {
+pub fn has_kind(spans: &DataFrame, kind: SpanKind) -> PolarsResult<bool> {
     let df = spans
         .clone()
         .lazy()
@@ -154,7 +160,7 @@ pub fn has_kind(spans: &DataFrame, kind: &str) -> PolarsResult<bool> {
 /// One row per step: duration, queue wait, GPU busy and idle time, tokens, loss, tokens/s.
 pub fn per_step(spans: &DataFrame) -> PolarsResult<LazyFrame> {
     let lf = spans.clone().lazy();
-    let has_gpu = has_kind(spans, "gpu")? || has_kind(spans, "kernel")?;
+    let has_gpu = has_kind(spans, SpanKind::Gpu)? || has_kind(spans, SpanKind::Kernel)?;
     let left = || JoinArgs::new(JoinType::Left);
     let steps = lf
         .clone()
@@ -163,14 +169,14 @@ pub fn per_step(spans: &DataFrame) -> PolarsResult<LazyFrame> {
         .agg([col("dur").sum().alias("dur_us")]);
     let waits = lf
         .clone()
-        .filter(name_is("queue.get").and(col("wait_us").is_not_null()))
+        .filter(name_is(dflash::QUEUE_GET).and(col("wait_us").is_not_null()))
         .group_by([col("step")])
         .agg([col("wait_us").sum().alias("queue_wait_us")]);
     let drafter = lf
         .clone()
         .filter(
-            name_is("drafter.step")
-                .and(clock_is("cpu"))
+            name_is(dflash::DRAFTER_STEP)
+                .and(clock_is(Clock::Cpu))
                 .and(col("tokens").is_not_null()),
         )
         .group_by([col("step")])
@@ -182,7 +188,7 @@ pub fn per_step(spans: &DataFrame) -> PolarsResult<LazyFrame> {
         .join(waits, [col("step")], [col("step")], left())
         .join(drafter, [col("step")], [col("step")], left());
     if has_gpu {
-        let busy = gpu_busy(lf, has_kind(spans, "kernel")?)?;
+        let busy = gpu_busy(lf, has_kind(spans, SpanKind::Kernel)?)?;
         out = out
             .join(busy, [col("step")], [col("step")], left())
             .with_column(non_negative(col("dur_us") - col("gpu_busy_us")).alias("gpu_idle_us"));
@@ -221,7 +227,7 @@ pub fn step_summary(per_step: LazyFrame) -> LazyFrame {
 /// Waits of `queue.put` and `queue.get`.
 pub fn queue_sides(spans: LazyFrame, step_total: f64) -> LazyFrame {
     spans
-        .filter(kind_is("queue").and(col("wait_us").is_not_null()))
+        .filter(kind_is(SpanKind::Queue).and(col("wait_us").is_not_null()))
         .group_by([col("name").cast(DataType::String).alias("name")])
         .agg([
             len().cast(DataType::Int64).alias("count"),
@@ -238,29 +244,37 @@ pub fn queue_sides(spans: LazyFrame, step_total: f64) -> LazyFrame {
         .sort(["name"], SortMultipleOptions::default())
 }
 
+/// The samples of the `queue` depth counter.
+fn is_queue_depth() -> Expr {
+    col("name")
+        .eq(lit(dflash::QUEUE_COUNTER))
+        .and(col("key").eq(lit(dflash::QUEUE_DEPTH)))
+}
+
+/// The `queue` depth counter over time: its samples in `ts` order.
+pub fn queue_depth_series(counters: LazyFrame) -> LazyFrame {
+    counters
+        .filter(is_queue_depth())
+        .sort(["ts"], SortMultipleOptions::default())
+}
+
 /// The `queue` depth counter's distribution.
 pub fn queue_depth(counters: LazyFrame) -> LazyFrame {
     let v = || col("value");
-    counters
-        .filter(
-            col("name")
-                .eq(lit("queue"))
-                .and(col("key").eq(lit("depth"))),
-        )
-        .select([
-            len().cast(DataType::Int64).alias("samples"),
-            v().mean().alias("mean"),
-            v().min().alias("min"),
-            v().max().alias("max"),
-            v().eq(lit(0.0))
-                .cast(DataType::Float64)
-                .mean()
-                .alias("empty_share"),
-            v().eq(v().max())
-                .cast(DataType::Float64)
-                .mean()
-                .alias("full_share"),
-        ])
+    counters.filter(is_queue_depth()).select([
+        len().cast(DataType::Int64).alias("samples"),
+        v().mean().alias("mean"),
+        v().min().alias("min"),
+        v().max().alias("max"),
+        v().eq(lit(0.0))
+            .cast(DataType::Float64)
+            .mean()
+            .alias("empty_share"),
+        v().eq(v().max())
+            .cast(DataType::Float64)
+            .mean()
+            .alias("full_share"),
+    ])
 }
 
 /// Per step and (name, clock): the summed duration; the samples of `compare`.
@@ -278,7 +292,7 @@ pub fn per_step_sections(spans: LazyFrame) -> LazyFrame {
 
 /// Top-level sections inside step spans (on the step's own track), per step: the stacked
 /// plot, whose bars then add up to the step time.
-pub fn top_level_per_step(spans: LazyFrame, clock: &str) -> LazyFrame {
+pub fn top_level_per_step(spans: LazyFrame, clock: Clock) -> LazyFrame {
     spans
         .filter(
             is_section()
@@ -324,4 +338,35 @@ pub fn bools(df: &DataFrame, name: &str) -> PolarsResult<Vec<bool>> {
         .iter()
         .map(|v| v.unwrap_or(false))
         .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::stats::{quantile, SplitMix64};
+
+    /// Quantiles of a group and of a slice are one method: polars' linear interpolation
+    /// gives what `stats::quantile` gives.
+    #[test]
+    fn group_quantiles_match_the_slice_quantile() {
+        let mut rng = SplitMix64::new(3);
+        for n in [1usize, 2, 7, 101] {
+            let v: Vec<f64> = (0..n).map(|_| 100.0 * rng.normal()).collect();
+            let df = df!["x" => &v].unwrap();
+            for q in [0.0, 0.05, 0.5, 0.95, 1.0] {
+                let got = df
+                    .clone()
+                    .lazy()
+                    .select([p(col("x"), q).alias("p")])
+                    .collect()
+                    .unwrap();
+                let got = f64s(&got, "p").unwrap()[0].unwrap();
+                let want = quantile(&v, q).unwrap();
+                assert!(
+                    (got - want).abs() <= 1e-9 * want.abs().max(1.0),
+                    "n {n} q {q}: {got} vs {want}"
+                );
+            }
+        }
+    }
 }

@@ -66,6 +66,14 @@ pub fn breakdown(b: &Breakdown, top: usize, color: bool) -> String {
         let _ = writeln!(out, "  {}. {}", i + 1, f.text);
     }
 
+    sections_table(&mut out, b, top, color);
+    cpu_gpu_table(&mut out, b, top, color);
+    queue_table(&mut out, b, color);
+    per_step_table(&mut out, b, color);
+    out
+}
+
+fn sections_table(out: &mut String, b: &Breakdown, top: usize, color: bool) {
     let _ = writeln!(out, "\nSections (times in ms, share in % of step time):");
     let mut t = table(
         color,
@@ -81,7 +89,7 @@ pub fn breakdown(b: &Breakdown, top: usize, color: bool) -> String {
     for sec in &b.sections[..n] {
         t.add_row(vec![
             Cell::new(&sec.name),
-            Cell::new(&sec.kind),
+            Cell::new(sec.kind.as_str()),
             Cell::new(sec.count),
             Cell::new(ms(sec.total_us)),
             Cell::new(ms(sec.self_us)),
@@ -99,7 +107,9 @@ pub fn breakdown(b: &Breakdown, top: usize, color: bool) -> String {
             b.sections.len() - n
         );
     }
+}
 
+fn cpu_gpu_table(out: &mut String, b: &Breakdown, top: usize, color: bool) {
     if !b.cpu_gpu.is_empty() {
         let _ = writeln!(
             out,
@@ -125,7 +135,9 @@ pub fn breakdown(b: &Breakdown, top: usize, color: bool) -> String {
         }
         let _ = writeln!(out, "{t}");
     }
+}
 
+fn queue_table(out: &mut String, b: &Breakdown, color: bool) {
     if !b.queue.is_empty() {
         let _ = writeln!(out, "\nQueue waits (us; share in % of step time):");
         let mut t = table(
@@ -157,7 +169,9 @@ pub fn breakdown(b: &Breakdown, top: usize, color: bool) -> String {
             );
         }
     }
+}
 
+fn per_step_table(out: &mut String, b: &Breakdown, color: bool) {
     if !b.per_step.is_empty() {
         let _ = writeln!(out, "\nPer step (ms):");
         let mut t = table(
@@ -185,7 +199,6 @@ pub fn breakdown(b: &Breakdown, top: usize, color: bool) -> String {
         }
         let _ = writeln!(out, "{t}");
     }
-    out
 }
 
 pub fn comparison(c: &Comparison, color: bool) -> String {
@@ -242,7 +255,7 @@ pub fn comparison(c: &Comparison, color: bool) -> String {
         }
         t.add_row(vec![
             Cell::new(&s.name),
-            Cell::new(&s.kind),
+            Cell::new(s.kind.as_str()),
             Cell::new(opt(s.median_a_us, ms)),
             Cell::new(opt(s.median_b_us, ms)),
             Cell::new(opt(s.ratio, |v| format!("{v:.3}"))),

@@ -88,6 +88,12 @@ fn breakdown_html(out: &mut String, trace: &Trace, b: &Breakdown) -> anyhow::Res
     }
     out.push_str("</ol>");
     figures(out, plot::svgs(plot::run_charts(trace, b)?)?);
+    breakdown_tables(out, b);
+    Ok(())
+}
+
+/// The breakdown's tables: sections, CPU vs GPU, queue waits, and the per-step table.
+fn breakdown_tables(out: &mut String, b: &Breakdown) {
     out.push_str("<h3>Sections</h3><p>Times in ms; share in % of total step time.</p>");
     let rows = b
         .sections
@@ -95,7 +101,7 @@ fn breakdown_html(out: &mut String, trace: &Trace, b: &Breakdown) -> anyhow::Res
         .map(|x| {
             vec![
                 (esc(&x.name), false),
-                (x.kind.clone(), false),
+                (x.kind.to_string(), false),
                 (x.count.to_string(), true),
                 (ms(x.total_us), true),
                 (ms(x.self_us), true),
@@ -184,7 +190,6 @@ fn breakdown_html(out: &mut String, trace: &Trace, b: &Breakdown) -> anyhow::Res
         );
         out.push_str("</details>");
     }
-    Ok(())
 }
 
 fn comparison_html(out: &mut String, c: &Comparison) -> anyhow::Result<()> {
@@ -215,7 +220,7 @@ fn comparison_html(out: &mut String, c: &Comparison) -> anyhow::Result<()> {
             };
             vec![
                 (esc(&s.name), false),
-                (s.kind.clone(), false),
+                (s.kind.to_string(), false),
                 (opt(s.median_a_us, ms), true),
                 (opt(s.median_b_us, ms), true),
                 (opt(s.ratio, |v| format!("{v:.3}")), true),

@@ -1,4 +1,7 @@
-//! Writes synthetic dflash traces (format version 1) for tests and the load benchmark.
+//! Test and benchmark support: synthetic dflash traces (format version 1), written through
+//! the format crate's own writer, so they have the bytes of a real trace. The integration
+//! tests build their runs with it, and `dflash-analyze synth` (used by
+//! `scripts/bench-analyze.sh`) writes the load benchmark's input.
 //!
 //! The shape follows a real run: a target worker whose forward pass is launch-bound (CPU
 //! time about 3x its GPU time) feeds a queue, and a drafter that waits on that queue for
@@ -6,6 +9,14 @@
 //! different seeds are samples of the same distribution.
 
 use std::io::{self, Write};
+
+use chrome_trace_format::dflash::{self, args};
+use chrome_trace_format::header::meta;
+use chrome_trace_format::names::{CPU_TS_ARG, STEP_ARG};
+use chrome_trace_format::{
+    Arg, ArgValue, Bind, Category, Counter, DeviceEntry, DistributedInfo, EventWriter, Header,
+    Meta, Span, Text,
+};
 
 use crate::stats::SplitMix64;
 
@@ -40,26 +51,71 @@ impl Default for SynthSpec {
 }
 
 const PID: u32 = 4242;
+const GPU_PID: u32 = 0;
 const TARGET_TID: u32 = 1;
 const DRAFTER_TID: u32 = 2;
 const GPU_DRAFTER_TID: u32 = 1;
 const GPU_TARGET_TID: u32 = 2;
+/// Bytes of events buffered before they go to the output.
+const CHUNK: usize = 1 << 16;
+
+/// Microseconds (as the generator computes them) to the writer's nanoseconds.
+fn ns(us: f64) -> u64 {
+    (us * 1000.0).round().max(0.0) as u64
+}
+
+/// A time argument, written like `ts`.
+fn us_arg(key: &'static str, us: f64) -> Arg<'static> {
+    Arg {
+        key,
+        value: ArgValue::Micros(ns(us)),
+    }
+}
+
+fn u64_arg(key: &'static str, v: u64) -> Arg<'static> {
+    Arg {
+        key,
+        value: ArgValue::U64(v),
+    }
+}
+
+/// A section's GPU side: its track and the time its stream is next free.
+struct Stream<'a> {
+    tid: u32,
+    free_us: &'a mut f64,
+}
+
+impl<'a> Stream<'a> {
+    fn target(free_us: &'a mut f64) -> Stream<'a> {
+        Stream {
+            tid: GPU_TARGET_TID,
+            free_us,
+        }
+    }
+
+    fn drafter(free_us: &'a mut f64) -> Stream<'a> {
+        Stream {
+            tid: GPU_DRAFTER_TID,
+            free_us,
+        }
+    }
+}
 
 struct Writer<W: Write> {
     out: W,
-    first: bool,
+    events: EventWriter,
     rng: SplitMix64,
     spec: SynthSpec,
     next_flow: u64,
 }
 
 impl<W: Write> Writer<W> {
-    fn event(&mut self, body: std::fmt::Arguments<'_>) -> io::Result<()> {
-        if !self.first {
-            self.out.write_all(b",\n")?;
+    /// Hands the buffered text to the output once it is large.
+    fn spill(&mut self) -> io::Result<()> {
+        if self.events.len() >= CHUNK {
+            self.events.drain_into(&mut self.out)?;
         }
-        self.first = false;
-        self.out.write_fmt(body)
+        Ok(())
     }
 
     fn factor(&self, name: &str) -> f64 {
@@ -75,230 +131,368 @@ impl<W: Write> Writer<W> {
         mean * (self.spec.noise * self.rng.normal()).exp()
     }
 
+    fn flow_id(&mut self) -> u64 {
+        let id = self.next_flow;
+        self.next_flow += 1;
+        id
+    }
+
+    /// A span on the trainer's process.
+    #[allow(clippy::too_many_arguments)]
     fn span(
         &mut self,
-        cat: &str,
-        name: &str,
+        cat: Category,
+        name: Text<'_>,
         tid: u32,
         ts: f64,
         dur: f64,
-        args: &str,
+        bind: Option<Bind>,
+        args: &[Arg<'_>],
     ) -> io::Result<()> {
-        let pid = if cat == "gpu" { 0 } else { PID };
-        self.event(format_args!(
-            r#"{{"ph":"X","cat":"{cat}","name":"{name}","pid":{pid},"tid":{tid},"ts":{ts:.3},"dur":{dur:.3},"args":{{{args}}}}}"#
-        ))
+        self.events.span(&Span {
+            cat,
+            name,
+            pid: PID,
+            tid,
+            ts_ns: ns(ts),
+            dur_ns: ns(dur),
+            bind,
+            args,
+        });
+        self.spill()
     }
 
     /// A CPU section and, with GPUs, its GPU span; returns the CPU end.
-    #[allow(clippy::too_many_arguments)]
     fn section(
         &mut self,
         name: &str,
         tid: u32,
-        gpu_tid: u32,
+        gpu: Stream<'_>,
         ts: f64,
-        cpu_mean: f64,
-        gpu_mean: f64,
+        (cpu_mean, gpu_mean): (f64, f64),
         step: u32,
-        gpu_free: &mut f64,
     ) -> io::Result<f64> {
         let f = self.factor(name);
         let cpu = self.jitter(cpu_mean * f * self.spec.host_factor);
-        let gpu = self.jitter(gpu_mean * f);
+        let gpu_dur = self.jitter(gpu_mean * f);
+        let step_arg = u64_arg(STEP_ARG, step.into());
         if self.spec.gpu && gpu_mean > 0.0 {
-            let id = self.next_flow;
-            self.next_flow += 1;
-            self.event(format_args!(
-                r#"{{"ph":"X","cat":"cpu","name":"{name}","pid":{PID},"tid":{tid},"ts":{ts:.3},"dur":{cpu:.3},"bind_id":{id},"flow_out":true,"args":{{"step":{step}}}}}"#
-            ))?;
-            let gts = (ts + 5.0).max(*gpu_free);
-            *gpu_free = gts + gpu;
-            self.event(format_args!(
-                r#"{{"ph":"X","cat":"gpu","name":"{name}","pid":0,"tid":{gpu_tid},"ts":{gts:.3},"dur":{gpu:.3},"bind_id":{id},"flow_in":true,"args":{{"step":{step},"cpu_ts":{ts:.3}}}}}"#
-            ))?;
+            let id = self.flow_id();
+            self.span(
+                Category::Cpu,
+                Text::Plain(name),
+                tid,
+                ts,
+                cpu,
+                Some(Bind::source(id)),
+                &[step_arg],
+            )?;
+            let gts = (ts + 5.0).max(*gpu.free_us);
+            *gpu.free_us = gts + gpu_dur;
+            self.events.span(&Span {
+                cat: Category::Gpu,
+                name: Text::Plain(name),
+                pid: GPU_PID,
+                tid: gpu.tid,
+                ts_ns: ns(gts),
+                dur_ns: ns(gpu_dur),
+                bind: Some(Bind::destination(id)),
+                args: &[step_arg, us_arg(CPU_TS_ARG, ts)],
+            });
+            self.spill()?;
         } else {
-            self.span("cpu", name, tid, ts, cpu, &format!("\"step\":{step}"))?;
+            self.span(
+                Category::Cpu,
+                Text::Plain(name),
+                tid,
+                ts,
+                cpu,
+                None,
+                &[step_arg],
+            )?;
         }
         Ok(ts + cpu)
     }
+
+    /// The queue counter after a put or a get.
+    fn depth(&mut self, ts: f64, depth: u32) -> io::Result<()> {
+        self.events.counter(&Counter {
+            cat: Text::Plain(dflash::QUEUE_COUNTER),
+            name: Text::Plain(dflash::QUEUE_COUNTER),
+            pid: PID,
+            ts_ns: ns(ts),
+            args: &[u64_arg(dflash::QUEUE_DEPTH, depth.into())],
+        });
+        self.spill()
+    }
 }
 
-/// Drafter sections inside `drafter.step`: (name, CPU mean us, GPU mean us).
+/// Drafter sections inside `drafter.step`, in the order they run: (name, CPU mean us,
+/// GPU mean us); a layer's own means are zero (its attn and mlp carry the time).
 fn drafter_sections(layers: u32) -> Vec<(String, f64, f64)> {
-    let mut v: Vec<(String, f64, f64)> = vec![
-        ("drafter.h2d".into(), 120.0, 100.0),
-        ("drafter.anchors".into(), 60.0, 40.0),
-        ("drafter.noise_embed".into(), 80.0, 70.0),
-        ("drafter.rope".into(), 50.0, 30.0),
-        ("drafter.mask".into(), 40.0, 20.0),
-        ("drafter.fc".into(), 300.0, 280.0),
+    let means = [
+        (dflash::DRAFTER_H2D, 120.0, 100.0),
+        (dflash::DRAFTER_ANCHORS, 60.0, 40.0),
+        (dflash::DRAFTER_NOISE_EMBED, 80.0, 70.0),
+        (dflash::DRAFTER_ROPE, 50.0, 30.0),
+        (dflash::DRAFTER_MASK, 40.0, 20.0),
+        (dflash::DRAFTER_FC, 300.0, 280.0),
+        (dflash::DRAFTER_NORM, 40.0, 30.0),
+        (dflash::DRAFTER_LM_HEAD_LOSS, 900.0, 850.0),
+        (dflash::DRAFTER_BACKWARD, 2500.0, 2400.0),
+        (dflash::DRAFTER_CLIP, 150.0, 100.0),
+        (dflash::DRAFTER_OPTIMIZER, 600.0, 500.0),
     ];
-    for i in 0..layers {
-        v.push((format!("drafter.layer.{i}"), 0.0, 0.0));
+    let mut v = Vec::new();
+    for (name, cpu, gpu) in means {
+        if name == dflash::DRAFTER_NORM {
+            v.extend((0..layers as usize).map(|i| (dflash::layer(i), 0.0, 0.0)));
+        }
+        v.push((name.to_string(), cpu, gpu));
     }
-    v.extend([
-        ("drafter.norm".into(), 40.0, 30.0),
-        ("drafter.lm_head_loss".into(), 900.0, 850.0),
-        ("drafter.backward".into(), 2500.0, 2400.0),
-        ("drafter.clip".into(), 150.0, 100.0),
-        ("drafter.optimizer".into(), 600.0, 500.0),
-    ]);
     v
 }
 
+/// Everything before the first event.
+fn header(spec: &SynthSpec) -> io::Result<String> {
+    let devices: Vec<&str> = if spec.gpu {
+        vec!["cpu", "cuda:0"]
+    } else {
+        vec!["cpu"]
+    };
+    let timing = if spec.gpu {
+        meta::GPU_TIMING_CUDA_EVENTS
+    } else {
+        meta::GPU_TIMING_NONE
+    };
+    let metadata = serde_json::json!({
+        (meta::PRODUCER): dflash::PRODUCER,
+        (meta::FORMAT): dflash::FORMAT,
+        "dflash_version": "0.1.0",
+        "torch_version": "2.11.0",
+        "git_revision": "synthetic",
+        "devices": devices,
+        (meta::GPU_TIMING): timing,
+        "trace_steps": format!("0..{}", spec.steps),
+        "config": {"seed": spec.seed},
+    });
+    let serde_json::Value::Object(metadata) = metadata else {
+        unreachable!("a JSON object literal")
+    };
+    Header {
+        base_time_ns: 1_764_750_000_123_456_789,
+        distributed: &DistributedInfo::default(),
+        devices: &[DeviceEntry {
+            id: 0,
+            name: "NVIDIA H200".into(),
+            total_global_mem: 150_000_000_000,
+        }],
+        metadata: &metadata,
+    }
+    .to_json()
+    .map_err(io::Error::other)
+}
+
 /// Writes a whole trace.
-pub fn write_trace<W: Write>(out: W, spec: &SynthSpec) -> io::Result<()> {
+pub fn write_trace<W: Write>(mut out: W, spec: &SynthSpec) -> io::Result<()> {
+    out.write_all(header(spec)?.as_bytes())?;
     let mut w = Writer {
         out,
-        first: true,
+        events: EventWriter::with_capacity(CHUNK * 2),
         rng: SplitMix64::new(spec.seed),
         spec: spec.clone(),
         next_flow: 1,
     };
-    let devices = if spec.gpu {
-        r#"["cpu","cuda:0"]"#
-    } else {
-        r#"["cpu"]"#
-    };
-    let timing = if spec.gpu { "cuda-events" } else { "none" };
-    write!(
-        w.out,
-        r#"{{"schemaVersion":1,"displayTimeUnit":"ns","baseTimeNanoseconds":1764750000123456789,"distributedInfo":{{"backend":"none","rank":0,"world_size":1}},"deviceProperties":[{{"id":0,"name":"NVIDIA H200","totalGlobalMem":150000000000}}],"metadata":{{"producer":"dflash","format":"dflash-trace/1","dflash_version":"0.1.0","torch_version":"2.11.0","git_revision":"synthetic","devices":{devices},"gpu_timing":"{timing}","trace_steps":"0..{}","config":{{"seed":{}}}}},"traceEvents":["#,
-        spec.steps, spec.seed
-    )?;
-    w.out.write_all(b"\n")?;
-    for (pid, tid, what, name) in [
-        (PID, 0, "process_name", "dflash trainer"),
-        (PID, TARGET_TID, "thread_name", "target 0 cuda:0"),
-        (PID, DRAFTER_TID, "thread_name", "drafter cuda:0"),
-        (0, 0, "process_name", "GPU 0"),
-        (0, GPU_DRAFTER_TID, "thread_name", "stream 7 (drafter)"),
-        (0, GPU_TARGET_TID, "thread_name", "stream 8 (target)"),
+    w.events.meta(&Meta::ProcessName {
+        pid: PID,
+        name: "dflash trainer",
+    });
+    for (tid, name) in [
+        (TARGET_TID, "target 0 cuda:0"),
+        (DRAFTER_TID, "drafter cuda:0"),
     ] {
-        w.event(format_args!(
-            r#"{{"ph":"M","name":"{what}","pid":{pid},"tid":{tid},"args":{{"name":"{name}"}}}}"#
-        ))?;
+        w.events.meta(&Meta::ThreadName {
+            pid: PID,
+            tid,
+            name,
+        });
+    }
+    w.events.meta(&Meta::ProcessName {
+        pid: GPU_PID,
+        name: "GPU 0",
+    });
+    for (tid, name) in [
+        (GPU_DRAFTER_TID, "stream 7 (drafter)"),
+        (GPU_TARGET_TID, "stream 8 (target)"),
+    ] {
+        w.events.meta(&Meta::ThreadName {
+            pid: GPU_PID,
+            tid,
+            name,
+        });
     }
     let sections = drafter_sections(spec.layers);
-    let mut t = 1000.0f64;
-    let mut gpu_drafter = 0.0f64;
-    let mut gpu_target = 0.0f64;
-    let mut depth = 0u32;
+    let mut clock = Clocks {
+        t: 1000.0,
+        gpu_drafter: 0.0,
+        gpu_target: 0.0,
+        depth: 0,
+    };
     for step in 0..spec.steps {
-        let step_start = t;
-        // Target side: forward, extract, put (its own thread, overlapping the drafter).
-        let mut tt = step_start + 10.0;
-        tt = w.section(
-            "target.forward",
-            TARGET_TID,
-            GPU_TARGET_TID,
-            tt,
-            3000.0,
-            1000.0,
-            step,
-            &mut gpu_target,
-        )?;
-        tt = w.section(
-            "target.extract",
-            TARGET_TID,
-            GPU_TARGET_TID,
-            tt + 2.0,
-            300.0,
-            250.0,
-            step,
-            &mut gpu_target,
-        )?;
-        let put_wait = w.jitter(30.0);
-        let put_dur = put_wait + 8.0;
-        depth += 1;
-        let flow = w.next_flow;
-        w.next_flow += 1;
-        w.event(format_args!(
-            r#"{{"ph":"X","cat":"queue","name":"queue.put","pid":{PID},"tid":{TARGET_TID},"ts":{:.3},"dur":{put_dur:.3},"bind_id":{flow},"flow_out":true,"args":{{"wait_us":{put_wait:.3},"depth":{depth},"batch":{step}}}}}"#,
-            tt + 2.0
-        ))?;
-        w.event(format_args!(
-            r#"{{"ph":"C","cat":"queue","name":"queue","pid":{PID},"ts":{:.3},"args":{{"depth":{depth}}}}}"#,
-            tt + 2.0 + put_dur
-        ))?;
-
-        // Drafter side: ProfilerStep#N > queue.get, drafter.step > sections.
-        let get_wait = w.jitter(2300.0 * w.factor("queue.get") * spec.host_factor);
-        let get_ts = step_start + 1.0;
-        let get_dur = get_wait + 10.0;
-        depth = depth.saturating_sub(1);
-        w.event(format_args!(
-            r#"{{"ph":"X","cat":"queue","name":"queue.get","pid":{PID},"tid":{DRAFTER_TID},"ts":{get_ts:.3},"dur":{get_dur:.3},"bind_id":{flow},"flow_in":true,"args":{{"wait_us":{get_wait:.3},"depth":{depth},"batch":{step}}}}}"#
-        ))?;
-        w.event(format_args!(
-            r#"{{"ph":"C","cat":"queue","name":"queue","pid":{PID},"ts":{:.3},"args":{{"depth":{depth}}}}}"#,
-            get_ts + get_dur
-        ))?;
-        let ds_start = get_ts + get_dur + 2.0;
-        let mut d = ds_start + 1.0;
-        for (name, cpu, gpu) in &sections {
-            if name.starts_with("drafter.layer.") {
-                let l0 = d;
-                let mut ld = d + 1.0;
-                for (sub, c, g) in [("attn", 400.0, 380.0), ("mlp", 350.0, 330.0)] {
-                    let sname = format!("{name}.{sub}");
-                    ld = w.section(
-                        &sname,
-                        DRAFTER_TID,
-                        GPU_DRAFTER_TID,
-                        ld,
-                        c,
-                        g,
-                        step,
-                        &mut gpu_drafter,
-                    )? + 1.0;
-                }
-                w.span(
-                    "cpu",
-                    name,
-                    DRAFTER_TID,
-                    l0,
-                    ld - l0,
-                    &format!("\"step\":{step}"),
-                )?;
-                d = ld + 1.0;
-            } else {
-                d = w.section(
-                    name,
-                    DRAFTER_TID,
-                    GPU_DRAFTER_TID,
-                    d,
-                    *cpu,
-                    *gpu,
-                    step,
-                    &mut gpu_drafter,
-                )? + 1.0;
-            }
-        }
-        let tokens = 4096;
-        let loss = 2.5 / (1.0 + step as f64 * 0.01);
-        w.span(
-            "cpu",
-            "drafter.step",
-            DRAFTER_TID,
-            ds_start,
-            d - ds_start,
-            &format!("\"step\":{step},\"tokens\":{tokens},\"loss\":{loss:.4}"),
-        )?;
-        let step_end = d + 2.0;
-        w.span(
-            "step",
-            &format!("ProfilerStep#{step}"),
-            DRAFTER_TID,
-            step_start,
-            step_end - step_start,
-            "",
-        )?;
-        t = step_end.max(tt) + 1.0;
+        write_step(&mut w, &sections, &mut clock, step)?;
     }
-    w.out.write_all(b"\n]}\n")?;
+    w.events.finish();
+    w.events.drain_into(&mut w.out)?;
     w.out.flush()
+}
+
+/// Where the generator stands between steps.
+struct Clocks {
+    /// The next step's start, us.
+    t: f64,
+    /// When each GPU stream is next free.
+    gpu_drafter: f64,
+    gpu_target: f64,
+    /// Batches in the queue.
+    depth: u32,
+}
+
+/// One step: the target side (forward, extract, put; its own thread, overlapping the
+/// drafter), then the drafter side (`ProfilerStep#N` > `queue.get`, `drafter.step` >
+/// sections).
+fn write_step<W: Write>(
+    w: &mut Writer<W>,
+    sections: &[(String, f64, f64)],
+    c: &mut Clocks,
+    step: u32,
+) -> io::Result<()> {
+    let host = w.spec.host_factor;
+    let step_start = c.t;
+    let mut tt = step_start + 10.0;
+    tt = w.section(
+        dflash::TARGET_FORWARD,
+        TARGET_TID,
+        Stream::target(&mut c.gpu_target),
+        tt,
+        (3000.0, 1000.0),
+        step,
+    )?;
+    tt = w.section(
+        dflash::TARGET_EXTRACT,
+        TARGET_TID,
+        Stream::target(&mut c.gpu_target),
+        tt + 2.0,
+        (300.0, 250.0),
+        step,
+    )?;
+    let put_wait = w.jitter(30.0);
+    let put_dur = put_wait + 8.0;
+    c.depth += 1;
+    let flow = w.flow_id();
+    let queue_args = |wait: f64, depth: u32| {
+        [
+            us_arg(args::WAIT_US, wait),
+            u64_arg(args::DEPTH, depth.into()),
+            u64_arg(args::BATCH, step.into()),
+        ]
+    };
+    let put = queue_args(put_wait, c.depth);
+    w.span(
+        Category::Queue,
+        Text::Plain(dflash::QUEUE_PUT),
+        TARGET_TID,
+        tt + 2.0,
+        put_dur,
+        Some(Bind::source(flow)),
+        &put,
+    )?;
+    w.depth(tt + 2.0 + put_dur, c.depth)?;
+
+    let get_wait = w.jitter(2300.0 * w.factor(dflash::QUEUE_GET) * host);
+    let get_ts = step_start + 1.0;
+    let get_dur = get_wait + 10.0;
+    c.depth = c.depth.saturating_sub(1);
+    let get = queue_args(get_wait, c.depth);
+    w.span(
+        Category::Queue,
+        Text::Plain(dflash::QUEUE_GET),
+        DRAFTER_TID,
+        get_ts,
+        get_dur,
+        Some(Bind::destination(flow)),
+        &get,
+    )?;
+    w.depth(get_ts + get_dur, c.depth)?;
+    let ds_start = get_ts + get_dur + 2.0;
+    let mut d = ds_start + 1.0;
+    for (name, cpu, gpu) in sections {
+        if name.starts_with(dflash::LAYER_PREFIX) {
+            d = write_layer(w, name, d, &mut c.gpu_drafter, step)? + 1.0;
+        } else {
+            let drafter = Stream::drafter(&mut c.gpu_drafter);
+            d = w.section(name, DRAFTER_TID, drafter, d, (*cpu, *gpu), step)? + 1.0;
+        }
+    }
+    let loss = ((2.5 / (1.0 + step as f64 * 0.01)) * 1e4).round() / 1e4;
+    let step_args = [
+        u64_arg(args::STEP, step.into()),
+        u64_arg(args::TOKENS, 4096),
+        Arg {
+            key: args::LOSS,
+            value: ArgValue::F64(loss),
+        },
+    ];
+    w.span(
+        Category::Cpu,
+        Text::Plain(dflash::DRAFTER_STEP),
+        DRAFTER_TID,
+        ds_start,
+        d - ds_start,
+        None,
+        &step_args,
+    )?;
+    let step_end = d + 2.0;
+    w.span(
+        Category::Step,
+        Text::Step(step.into()),
+        DRAFTER_TID,
+        step_start,
+        step_end - step_start,
+        None,
+        &[],
+    )?;
+    c.t = step_end.max(tt) + 1.0;
+    Ok(())
+}
+
+/// A drafter layer (a CPU span) around its attention and MLP sections; returns its end.
+fn write_layer<W: Write>(
+    w: &mut Writer<W>,
+    name: &str,
+    start: f64,
+    gpu_free: &mut f64,
+    step: u32,
+) -> io::Result<f64> {
+    let i: usize = name[dflash::LAYER_PREFIX.len()..].parse().unwrap_or(0);
+    let mut ld = start + 1.0;
+    for (sub, means) in [
+        (dflash::layer_attn(i), (400.0, 380.0)),
+        (dflash::layer_mlp(i), (350.0, 330.0)),
+    ] {
+        let gpu = Stream::drafter(&mut *gpu_free);
+        ld = w.section(&sub, DRAFTER_TID, gpu, ld, means, step)? + 1.0;
+    }
+    let step_arg = [u64_arg(STEP_ARG, step.into())];
+    w.span(
+        Category::Cpu,
+        Text::Plain(name),
+        DRAFTER_TID,
+        start,
+        ld - start,
+        None,
+        &step_arg,
+    )?;
+    Ok(ld)
 }
 
 /// A trace as a string, for tests.

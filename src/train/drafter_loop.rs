@@ -3,6 +3,7 @@
 //! the queue and trains, step by step, saving checkpoints on the step and time intervals
 //! and at the end, stopping at the end, at `--stop-after` or on SIGINT/SIGTERM. A finished
 //! run exports the drafter. Every write is checked; a failure names where the run stands.
+use chrome_trace_format::dflash as names;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
@@ -176,13 +177,13 @@ impl DrafterLoop<'_> {
             let lr = lr_at(step, cfg.steps, warmup, cfg.lr);
             let mut rng = ChaCha8Rng::seed_from_u64(step_seed(cfg.seed, step));
             let metrics = {
-                let mut span = trace::span(trace_name!("drafter.step"));
+                let mut span = trace::span(trace_name!(names::DRAFTER_STEP));
                 let m = trainer
                     .train_step(&item.batch, &mut rng, lr)
                     .map_err(TrainError::Step)?;
-                span.arg("step", step as u64);
-                span.arg("tokens", m.tokens as u64);
-                span.arg("loss", m.loss);
+                span.arg(names::args::STEP, step as u64);
+                span.arg(names::args::TOKENS, m.tokens as u64);
+                span.arg(names::args::LOSS, m.loss);
                 m
             };
             drop(profiler_step);
@@ -226,10 +227,10 @@ impl DrafterLoop<'_> {
     /// starts after the put began.
     fn next_item(&self) -> Result<(Item, Duration), TrainError> {
         let wait = {
-            let _w = trace::queue_span(trace_name!("queue.wait"));
+            let _w = trace::queue_span(trace_name!(names::QUEUE_WAIT));
             self.queue.wait_ready()
         };
-        let mut span = trace::queue_span(trace_name!("queue.get"));
+        let mut span = trace::queue_span(trace_name!(names::QUEUE_GET));
         let Some((item, info)) = self.queue.get()? else {
             return Err(TrainError::WorkersStopped);
         };
@@ -237,10 +238,14 @@ impl DrafterLoop<'_> {
             span.flow_in(flow);
         }
         let wait = wait + info.wait;
-        span.arg("wait_us", wait.as_secs_f64() * 1e6);
-        span.arg("depth", info.depth as u64);
-        span.arg("batch", item.batch.index);
-        trace::counter(trace_name!("queue"), "depth", info.depth as f64);
+        span.arg(names::args::WAIT_US, wait.as_secs_f64() * 1e6);
+        span.arg(names::args::DEPTH, info.depth as u64);
+        span.arg(names::args::BATCH, item.batch.index);
+        trace::counter(
+            trace_name!(names::QUEUE_COUNTER),
+            names::QUEUE_DEPTH,
+            info.depth as f64,
+        );
         Ok((item, wait))
     }
 

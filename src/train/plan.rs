@@ -2,6 +2,7 @@
 //! any training work starts (settings, devices, the target, the drafter's fit, the data,
 //! its loss weights, the memory the largest batch needs), then where a resume starts and
 //! the trace recorder's set-up.
+use chrome_trace_format::dflash as names;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
@@ -321,8 +322,8 @@ pub(super) fn start_recorder(plan: &Plan, dir: &Path) -> Result<Recorder, TrainE
     devices.dedup();
     let (a, b) = plan.window;
     let metadata = serde_json::json!({
-        "producer": "dflash",
-        "format": "dflash-trace/1",
+        "producer": names::PRODUCER,
+        "format": names::FORMAT,
         "dflash_version": env!("CARGO_PKG_VERSION"),
         "torch_version": torch_version(),
         "git_revision": git_revision(),

@@ -14,27 +14,12 @@ use crate::{durable, run_files};
 use super::step::StepMetrics;
 
 /// The top-level sections of a drafter step, as the trace names them (in step order).
-pub const STEP_SECTIONS: [&str; 11] = [
-    "drafter.h2d",
-    "drafter.anchors",
-    "drafter.noise_embed",
-    "drafter.rope",
-    "drafter.mask",
-    "drafter.fc",
-    "drafter.norm",
-    "drafter.lm_head_loss",
-    "drafter.backward",
-    "drafter.clip",
-    "drafter.optimizer",
-];
-/// The span around a whole drafter step, and the prefix of its sections.
-const STEP: &str = "drafter.step";
-const DRAFTER: &str = "drafter.";
-/// The per-layer spans, `drafter.layer.<i>`.
-const LAYER: &str = "drafter.layer.";
-/// The queue spans of the drafter side (the wait, then the get) and of the target side.
-const DRAFTER_WAITS: [&str; 2] = ["queue.wait", "queue.get"];
-const TARGET_WAIT: &str = "queue.put";
+pub use chrome_trace_format::dflash::DRAFTER_SECTIONS as STEP_SECTIONS;
+use chrome_trace_format::dflash::{
+    self as names, DRAFTER_PREFIX as DRAFTER, DRAFTER_STEP as STEP, QUEUE_PUT as TARGET_WAIT,
+};
+/// The queue spans of the drafter side (the wait, then the get).
+const DRAFTER_WAITS: [&str; 2] = [names::QUEUE_WAIT, names::QUEUE_GET];
 
 /// `metrics.jsonl`.
 pub struct MetricsLog {
@@ -226,7 +211,7 @@ pub fn live_summary(stats: &trace::Stats, layers: usize, tokens_per_step: i64) -
         .filter_map(|n| get(n).map(|s| (n.trim_start_matches(DRAFTER).to_string(), s.cpu_ns)))
         .collect();
     let layer_ns: u64 = (0..layers)
-        .filter_map(|i| get(&format!("{LAYER}{i}")))
+        .filter_map(|i| get(&names::layer(i)))
         .map(|s| s.cpu_ns)
         .sum();
     parts.push(("layers".into(), layer_ns));
@@ -240,9 +225,7 @@ pub fn live_summary(stats: &trace::Stats, layers: usize, tokens_per_step: i64) -
     let gpu: u64 = stats
         .names
         .iter()
-        .filter(|s| {
-            s.text.starts_with(DRAFTER) && s.text.matches('.').count() == 1 && &*s.text != STEP
-        })
+        .filter(|s| names::is_drafter_section(&s.text))
         .map(|s| s.gpu_ns)
         .sum();
     let gpu_part = if gpu > 0 {

@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 use std::time::Instant;
 
+use chrome_trace_format::dflash as names;
 use rand::Rng;
 use tch::{Device, Kind, Tensor};
 
@@ -149,9 +150,9 @@ impl DrafterTrainer {
         let opt = AdamW::new(named, adamw)?;
         let layer_names = (0..drafter.layers.len())
             .map(|i| LayerNames {
-                layer: trace::intern(&format!("drafter.layer.{i}")),
-                attn: trace::intern(&format!("drafter.layer.{i}.attn")),
-                mlp: trace::intern(&format!("drafter.layer.{i}.mlp")),
+                layer: trace::intern(&names::layer(i)),
+                attn: trace::intern(&names::layer_attn(i)),
+                mlp: trace::intern(&names::layer_mlp(i)),
             })
             .collect();
         let weights = objective::decay_weights(drafter.cfg.block_size, cfg.gamma, device);
@@ -180,7 +181,7 @@ impl DrafterTrainer {
         let bs = cfg.block_size;
         let s = batch.input_ids.size()[1];
         let (input_ids, features) = {
-            let _s = section(trace_name!("drafter.h2d"), self.device);
+            let _s = section(trace_name!(names::DRAFTER_H2D), self.device);
             (
                 batch.input_ids.f_to_device(self.device)?,
                 batch
@@ -190,7 +191,7 @@ impl DrafterTrainer {
             )
         };
         let anchors = {
-            let _s = trace::span(trace_name!("drafter.anchors"));
+            let _s = trace::span(trace_name!(names::DRAFTER_ANCHORS));
             let a = objective::sample_anchors(&batch.loss_mask, self.cfg.num_anchors, rng)?;
             objective::Anchors {
                 anchors: a.anchors.f_to_device(self.device)?,
@@ -198,18 +199,18 @@ impl DrafterTrainer {
             }
         };
         let noise = {
-            let _s = section(trace_name!("drafter.noise_embed"), self.device);
+            let _s = section(trace_name!(names::DRAFTER_NOISE_EMBED), self.device);
             let ids =
                 objective::noise_block_ids(&input_ids, &anchors.anchors, bs, cfg.mask_token_id);
             Tensor::embedding(&self.embed, &ids, -1, false, false)
         };
         let rope = {
-            let _s = section(trace_name!("drafter.rope"), self.device);
+            let _s = section(trace_name!(names::DRAFTER_ROPE), self.device);
             let pos = objective::positions(s, &anchors.anchors, bs);
             Rope::new(&pos, cfg.head_dim, cfg.rope_theta, self.kind)
         };
         let masks = {
-            let _s = section(trace_name!("drafter.mask"), self.device);
+            let _s = section(trace_name!(names::DRAFTER_MASK), self.device);
             let full = objective::block_mask(&anchors.anchors, &anchors.keep, s, bs, None);
             let sliding = cfg.layer_types.contains(&LayerType::Sliding).then(|| {
                 objective::block_mask(
@@ -223,7 +224,7 @@ impl DrafterTrainer {
             LayerMasks { full, sliding }
         };
         let ctx = {
-            let _s = section(trace_name!("drafter.fc"), self.device);
+            let _s = section(trace_name!(names::DRAFTER_FC), self.device);
             self.drafter.context(&features)
         };
         let mut x = noise;
@@ -239,10 +240,10 @@ impl DrafterTrainer {
             };
         }
         let hidden = {
-            let _s = section(trace_name!("drafter.norm"), self.device);
+            let _s = section(trace_name!(names::DRAFTER_NORM), self.device);
             self.drafter.final_norm(&x)
         };
-        let _s = section(trace_name!("drafter.lm_head_loss"), self.device);
+        let _s = section(trace_name!(names::DRAFTER_LM_HEAD_LOSS), self.device);
         let (labels, m) = objective::labels_and_mask(
             &input_ids,
             &batch.loss_mask,
@@ -270,20 +271,20 @@ impl DrafterTrainer {
     ) -> Result<StepMetrics, ModelError> {
         let (out, m) = self.forward(batch, rng)?;
         {
-            let _s = section(trace_name!("drafter.backward"), self.device);
+            let _s = section(trace_name!(names::DRAFTER_BACKWARD), self.device);
             out.loss.f_backward()?;
         }
         let (grad, norm) = {
-            let _s = section(trace_name!("drafter.clip"), self.device);
+            let _s = section(trace_name!(names::DRAFTER_CLIP), self.device);
             let mut grad = self.opt.flat_grad();
             let norm = AdamW::clip(&mut grad, self.cfg.grad_clip);
             (grad, norm)
         };
         {
-            let _s = section(trace_name!("drafter.optimizer"), self.device);
+            let _s = section(trace_name!(names::DRAFTER_OPTIMIZER), self.device);
             self.opt.step(&grad, lr);
         }
-        let _s = trace::span(trace_name!("drafter.metrics"));
+        let _s = trace::span(trace_name!(names::DRAFTER_METRICS));
         read_metrics(&out, &m, Some(&norm), batch)
     }
 

@@ -3,6 +3,7 @@
 //! and putting the hidden states on the bounded queue. Worker 0 also sends the frozen
 //! embedding and lm_head the drafter borrows. A worker that fails (or panics) fails the
 //! queue, which stops the drafter with its error; a drafter that stops releases them.
+use chrome_trace_format::dflash as names;
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
@@ -188,13 +189,13 @@ fn target_loop(ctx: WorkerCtx) -> Result<(), WorkerError> {
         // batch N feeds step N: record the batches of the traced steps, on this side too
         trace::set_thread_recording((ctx.window.0..ctx.window.1).contains(&(index as i64)));
         let out = {
-            let mut s = trace::gpu_span(trace_name!("target.forward"));
-            s.arg("batch", index);
+            let mut s = trace::gpu_span(trace_name!(names::TARGET_FORWARD));
+            s.arg(names::args::BATCH, index);
             let ids = host.input_ids.to_device(ctx.device);
             tch::no_grad(|| target.model.forward(&ids, &ctx.taps, false))?
         };
         let features = {
-            let _s = trace::gpu_span(trace_name!("target.extract"));
+            let _s = trace::gpu_span(trace_name!(names::TARGET_EXTRACT));
             Tensor::cat(&out.hidden, -1)
         };
         drop(out);
@@ -226,17 +227,21 @@ fn put(
     ready: Option<cuda::Event>,
 ) -> Result<bool, WorkerError> {
     let index = batch.index;
-    let mut span = trace::queue_span(trace_name!("queue.put"));
+    let mut span = trace::queue_span(trace_name!(names::QUEUE_PUT));
     let flow = span.is_recording().then(trace::next_flow_id);
     if let Some(id) = flow {
         span.flow_out(id);
     }
     match queue.put(Item { batch, ready, flow }) {
         Ok(info) => {
-            span.arg("wait_us", info.wait.as_secs_f64() * 1e6);
-            span.arg("depth", info.depth as u64);
-            span.arg("batch", index);
-            trace::counter(trace_name!("queue"), "depth", info.depth as f64);
+            span.arg(names::args::WAIT_US, info.wait.as_secs_f64() * 1e6);
+            span.arg(names::args::DEPTH, info.depth as u64);
+            span.arg(names::args::BATCH, index);
+            trace::counter(
+                trace_name!(names::QUEUE_COUNTER),
+                names::QUEUE_DEPTH,
+                info.depth as f64,
+            );
             Ok(true)
         }
         Err(QueueError::ConsumerStopped(_)) => Ok(false),

@@ -6,98 +6,14 @@
 //! expressions, and doing them here keeps the frames immutable afterwards. Columns that do
 //! not depend on the walk are built on a second core meanwhile.
 
+use chrome_trace_format::dflash::ENVELOPES;
+use chrome_trace_format::names::parse_step;
+use chrome_trace_format::{Clock, FlowDir, SpanKind};
 use polars::prelude::*;
 
+use super::nesting::{nest_and_step, track_order, Nested, NO_ROW};
 use super::raw::{ArgColumn, ArgKey, Raw, NO_SPAN, NO_STEP};
 use crate::warning::Warning;
-
-/// What a span is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Kind {
-    /// A section timed on the CPU (ours: `cat:"cpu"`; Kineto: `user_annotation`).
-    Cpu,
-    /// A section timed on the GPU (ours: `cat:"gpu"`; Kineto: `gpu_user_annotation`).
-    Gpu,
-    /// `queue.put` / `queue.get`.
-    Queue,
-    /// `ProfilerStep#N`.
-    Step,
-    /// A GPU kernel, memcpy or memset (Kineto).
-    Kernel,
-    /// An operator (Kineto `cpu_op`).
-    Op,
-    /// A CUDA runtime or driver call (Kineto).
-    Runtime,
-    Other,
-}
-
-impl Kind {
-    pub const ALL: [Kind; 8] = [
-        Kind::Cpu,
-        Kind::Gpu,
-        Kind::Queue,
-        Kind::Step,
-        Kind::Kernel,
-        Kind::Op,
-        Kind::Runtime,
-        Kind::Other,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Kind::Cpu => "cpu",
-            Kind::Gpu => "gpu",
-            Kind::Queue => "queue",
-            Kind::Step => "step",
-            Kind::Kernel => "kernel",
-            Kind::Op => "op",
-            Kind::Runtime => "runtime",
-            Kind::Other => "other",
-        }
-    }
-
-    fn of_cat(cat: &str) -> Kind {
-        match cat {
-            "cpu" | "user_annotation" => Kind::Cpu,
-            "gpu" | "gpu_user_annotation" => Kind::Gpu,
-            "queue" => Kind::Queue,
-            "step" => Kind::Step,
-            "kernel" | "gpu_memcpy" | "gpu_memset" => Kind::Kernel,
-            "cpu_op" => Kind::Op,
-            "cuda_runtime" | "cuda_driver" => Kind::Runtime,
-            _ => Kind::Other,
-        }
-    }
-
-    /// The clock a span of this kind was timed on.
-    pub fn clock(self) -> Clock {
-        match self {
-            Kind::Gpu | Kind::Kernel => Clock::Gpu,
-            _ => Clock::Cpu,
-        }
-    }
-}
-
-/// Which clock timed a span: the section's `kind` in breakdown and compare output.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Clock {
-    Cpu,
-    Gpu,
-}
-
-impl Clock {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Clock::Cpu => "cpu",
-            Clock::Gpu => "gpu",
-        }
-    }
-}
-
-/// Spans that only envelop the sections of a step; their children are top-level.
-pub const ENVELOPES: &[&str] = &["drafter.step"];
 
 /// The columns of the spans frame, in order, with what they hold.
 pub const SPAN_COLUMNS: &[(&str, &str)] = &[
@@ -143,20 +59,6 @@ pub(crate) struct Built {
     pub counters: DataFrame,
     pub flows: DataFrame,
     pub threads: DataFrame,
-}
-
-/// Tolerance for nesting checks: timestamps carry 3 decimals (ns), rounding may shift an
-/// end by one ns.
-const EPS_US: f64 = 1.5e-3;
-
-const NO_ROW: u32 = u32::MAX;
-
-/// A step interval: (start, end, N).
-type StepSpan = (f64, f64, i64);
-
-/// `ProfilerStep#12` -> 12.
-fn step_number(name: &str) -> Option<i64> {
-    name.strip_prefix("ProfilerStep#")?.parse().ok()
 }
 
 fn enum_dtype(labels: &[&str]) -> PolarsResult<DataType> {
@@ -291,7 +193,7 @@ fn flows_frame(f: FlowCols) -> PolarsResult<DataFrame> {
         f.ts.len(),
         vec![
             UInt64Chunked::from_vec("id".into(), f.id).into_column(),
-            enum_column("dir", u8_codes(f.dir), &["out", "in"])?,
+            enum_column("dir", u8_codes(f.dir), &FlowDir::ALL.map(FlowDir::as_str))?,
             Int64Chunked::from_vec("pid".into(), f.pid).into_column(),
             Int64Chunked::from_vec("tid".into(), f.tid).into_column(),
             Float64Chunked::from_vec("ts".into(), f.ts).into_column(),
@@ -316,14 +218,13 @@ pub(crate) fn build(mut raw: Raw, run: &str, warnings: &mut Vec<Warning>) -> Pol
         span: take(&mut raw.flow_span),
     };
     // The flows table needs nothing from the spans: build it on a second core meanwhile.
-    std::thread::scope(|scope| {
-        let handle = scope.spawn(move || flows_frame(flows));
-        let mut built = build_spans(raw, run, warnings)?;
-        built.flows = handle
-            .join()
-            .map_err(|_| PolarsError::ComputeError("building the flows table failed".into()))??;
-        Ok(built)
-    })
+    let (flows, built) = rayon::join(
+        move || flows_frame(flows),
+        || build_spans(raw, run, warnings),
+    );
+    let mut built = built?;
+    built.flows = flows?;
+    Ok(built)
 }
 
 fn build_spans(raw: Raw, run: &str, warnings: &mut Vec<Warning>) -> PolarsResult<Built> {
@@ -351,30 +252,16 @@ fn build_spans(raw: Raw, run: &str, warnings: &mut Vec<Warning>) -> PolarsResult
     let strings: Vec<&str> = interned.strings.iter().map(String::as_str).collect();
 
     // 1. Kind per span from its cat, `step` for ProfilerStep#N names.
-    let kind_of_cat: Vec<Kind> = strings.iter().map(|s| Kind::of_cat(s)).collect();
-    let step_of_name: Vec<Option<i64>> = strings.iter().map(|s| step_number(s)).collect();
-    // The clock comes from the category: a GPU-side ProfilerStep is a step on the GPU clock.
-    let clock: Vec<Clock> = span_cat
-        .iter()
-        .map(|&c| kind_of_cat[c as usize].clock())
-        .collect();
-    let kind: Vec<Kind> = (0..n)
-        .map(|i| {
-            if step_of_name[span_name[i] as usize].is_some() {
-                Kind::Step
-            } else {
-                kind_of_cat[span_cat[i] as usize]
-            }
-        })
-        .collect();
+    let step_of_name: Vec<Option<i64>> = strings.iter().map(|s| parse_step(s)).collect();
+    let (kind, clock) = kinds(&strings, &span_cat, &span_name, &step_of_name);
 
     // 2. Group the rows by track, each track in an order the nesting walk can take.
     let mut order = track_order(&span_track, &span_ts, &span_dur, tracks.len());
 
     // The columns that need nothing from the nesting walk are built on a second core
     // meanwhile.
-    let (side, nested) = std::thread::scope(|scope| {
-        let side = scope.spawn(|| {
+    let (side, nested) = rayon::join(
+        || {
             side_columns(
                 &span_track,
                 &tracks,
@@ -390,26 +277,24 @@ fn build_spans(raw: Raw, run: &str, warnings: &mut Vec<Warning>) -> PolarsResult
                 },
                 &strings,
             )
-        });
-        let nested = nest_and_step(
-            &mut order,
-            &span_track,
-            &tracks,
-            &span_name,
-            &span_ts,
-            &span_dur,
-            span_step,
-            &kind,
-            &clock,
-            &step_of_name,
-            warnings,
-        );
-        let side = side
-            .join()
-            .map_err(|_| PolarsError::ComputeError("building the span tables failed".into()));
-        (side, nested)
-    });
-    let side = side??;
+        },
+        || {
+            nest_and_step(
+                &mut order,
+                &span_track,
+                &tracks,
+                &span_name,
+                &span_ts,
+                &span_dur,
+                span_step,
+                &kind,
+                &clock,
+                &step_of_name,
+                warnings,
+            )
+        },
+    );
+    let side = side?;
     drop(order);
     let Nested {
         depth,
@@ -420,18 +305,7 @@ fn build_spans(raw: Raw, run: &str, warnings: &mut Vec<Warning>) -> PolarsResult
 
     // 5. Top level: parent is none, a step, or an envelope.
     let envelope_ids: Vec<u32> = ENVELOPES.iter().filter_map(|e| interned.get(e)).collect();
-    let top_level = BooleanChunked::from_iter_values(
-        "top_level".into(),
-        (0..n).map(|i| {
-            if envelope_ids.contains(&span_name[i]) || kind[i] == Kind::Step {
-                return false;
-            }
-            let p = parent[i];
-            p == NO_ROW
-                || kind[p as usize] == Kind::Step
-                || envelope_ids.contains(&span_name[p as usize])
-        }),
-    );
+    let top_level = top_level(&kind, &parent, &span_name, &envelope_ids);
     drop(kind);
     drop(clock);
     let parent_valid = polars_arrow::bitmap::Bitmap::from_iter(parent.iter().map(|&p| p != NO_ROW));
@@ -458,7 +332,67 @@ fn build_spans(raw: Raw, run: &str, warnings: &mut Vec<Warning>) -> PolarsResult
     cols.extend(side.args);
     let spans = DataFrame::new(n, cols)?;
 
-    let threads = DataFrame::new(
+    Ok(Built {
+        spans,
+        counters: side.counters,
+        flows: DataFrame::empty(),
+        threads: threads_frame(&track_labels)?,
+    })
+}
+
+/// The kind and the clock of every span: the kind from its `cat` (Kineto's categories
+/// mapped onto ours), `step` for `ProfilerStep#N` names; the clock from the category, so
+/// a GPU-side ProfilerStep is a step on the GPU clock.
+fn kinds(
+    strings: &[&str],
+    span_cat: &[u32],
+    span_name: &[u32],
+    step_of_name: &[Option<i64>],
+) -> (Vec<SpanKind>, Vec<Clock>) {
+    let kind_of_cat: Vec<SpanKind> = strings.iter().map(|s| SpanKind::of_cat(s)).collect();
+    let clock = span_cat
+        .iter()
+        .map(|&c| kind_of_cat[c as usize].clock())
+        .collect();
+    let kind = span_cat
+        .iter()
+        .zip(span_name)
+        .map(|(&c, &name)| {
+            if step_of_name[name as usize].is_some() {
+                SpanKind::Step
+            } else {
+                kind_of_cat[c as usize]
+            }
+        })
+        .collect();
+    (kind, clock)
+}
+
+/// Whether each span is top-level: not a step or an envelope itself, and its parent is
+/// none, a step, or an envelope (`drafter.step`).
+fn top_level(
+    kind: &[SpanKind],
+    parent: &[u32],
+    span_name: &[u32],
+    envelope_ids: &[u32],
+) -> BooleanChunked {
+    BooleanChunked::from_iter_values(
+        "top_level".into(),
+        (0..kind.len()).map(|i| {
+            if envelope_ids.contains(&span_name[i]) || kind[i] == SpanKind::Step {
+                return false;
+            }
+            let p = parent[i];
+            p == NO_ROW
+                || kind[p as usize] == SpanKind::Step
+                || envelope_ids.contains(&span_name[p as usize])
+        }),
+    )
+}
+
+/// `pid, tid, process, track` of every track that has spans.
+fn threads_frame(track_labels: &[(i64, i64, String, String)]) -> PolarsResult<DataFrame> {
+    DataFrame::new(
         track_labels.len(),
         vec![
             Int64Chunked::from_iter_values("pid".into(), track_labels.iter().map(|t| t.0))
@@ -476,14 +410,7 @@ fn build_spans(raw: Raw, run: &str, warnings: &mut Vec<Warning>) -> PolarsResult
             )
             .into_column(),
         ],
-    )?;
-
-    Ok(Built {
-        spans,
-        counters: side.counters,
-        flows: DataFrame::empty(),
-        threads,
-    })
+    )
 }
 
 /// The counter columns of a [`Raw`].
@@ -510,7 +437,7 @@ struct Side {
 fn side_columns(
     span_track: &[u32],
     tracks: &[(i64, i64)],
-    kind: &[Kind],
+    kind: &[SpanKind],
     clock: &[Clock],
     args: [ArgColumn; 5],
     ctr: CounterCols,
@@ -527,17 +454,19 @@ fn side_columns(
         span_track.iter().map(|&t| tracks[t as usize].1),
     )
     .into_column();
-    let kind_labels: Vec<&str> = Kind::ALL.iter().map(|k| k.as_str()).collect();
-    let kind_code = |k: Kind| Kind::ALL.iter().position(|x| *x == k).unwrap_or(0) as u8;
+    let kind_labels: Vec<&str> = SpanKind::ALL.iter().map(|k| k.as_str()).collect();
+    let kind_code = |k: SpanKind| SpanKind::ALL.iter().position(|x| *x == k).unwrap_or(0) as u8;
     let kind_col = enum_column(
         "kind",
         u8_codes(kind.iter().map(|&k| kind_code(k)).collect()),
         &kind_labels,
     )?;
+    let clock_labels: Vec<&str> = Clock::ALL.iter().map(|c| c.as_str()).collect();
+    let clock_code = |c: Clock| Clock::ALL.iter().position(|x| *x == c).unwrap_or(0) as u8;
     let clock_col = enum_column(
         "clock",
-        u8_codes(clock.iter().map(|&c| (c == Clock::Gpu) as u8).collect()),
-        &["cpu", "gpu"],
+        u8_codes(clock.iter().map(|&c| clock_code(c)).collect()),
+        &clock_labels,
     )?;
     // Args: every column exists (all null when the trace has none), so queries need not
     // check the schema.
@@ -572,258 +501,6 @@ fn side_columns(
         args,
         counters,
     })
-}
-
-/// What the nesting walk finds: depth, parent ([`NO_ROW`] for none), self time, and the
-/// step of every span ([`NO_STEP`] for none).
-struct Nested {
-    depth: Vec<u32>,
-    parent: Vec<u32>,
-    self_us: Vec<f64>,
-    step: Vec<i64>,
-}
-
-/// 3. Steps: same-pid containment in ProfilerStep#N; GPU spans take `args.step`.
-/// 4. Nesting by a stack walk over each track (depth, parent, children's time); then the
-///    step of each span, by a pointer into the track's sorted step intervals.
-#[allow(clippy::too_many_arguments)]
-fn nest_and_step(
-    order: &mut TrackOrder,
-    span_track: &[u32],
-    tracks: &[(i64, i64)],
-    span_name: &[u32],
-    span_ts: &[f64],
-    span_dur: &[f64],
-    // `args.step` as written; becomes the step column, in place.
-    mut step: Vec<i64>,
-    kind: &[Kind],
-    clock: &[Clock],
-    step_of_name: &[Option<i64>],
-    warnings: &mut Vec<Warning>,
-) -> Nested {
-    let n = span_ts.len();
-    // (pid, start, end, N), sorted; CPU-clock steps also form the global fallback list.
-    let pid_of = |i: usize| tracks[span_track[i] as usize].0;
-    let mut steps: Vec<(i64, f64, f64, i64)> = (0..n)
-        .filter_map(|i| {
-            step_of_name[span_name[i] as usize]
-                .map(|s| (pid_of(i), span_ts[i], span_ts[i] + span_dur[i], s))
-        })
-        .collect();
-    steps.sort_by(|a, b| a.0.cmp(&b.0).then(a.1.total_cmp(&b.1)));
-    let mut global: Vec<StepSpan> = (0..n)
-        .filter(|&i| kind[i] == Kind::Step && clock[i] == Clock::Cpu)
-        .map(|i| {
-            (
-                span_ts[i],
-                span_ts[i] + span_dur[i],
-                step_of_name[span_name[i] as usize].unwrap_or(-1),
-            )
-        })
-        .collect();
-    global.sort_by(|a, b| a.0.total_cmp(&b.0));
-    let mut by_pid: Vec<(i64, Vec<StepSpan>)> = Vec::new();
-    for s in &steps {
-        match by_pid.last_mut() {
-            Some((p, v)) if *p == s.0 => v.push((s.1, s.2, s.3)),
-            _ => by_pid.push((s.0, vec![(s.1, s.2, s.3)])),
-        }
-    }
-
-    let mut nest = Nesting {
-        depth: vec![0u32; n],
-        parent: vec![NO_ROW; n],
-        child_sum: vec![0f64; n],
-        overlaps: 0,
-        stack: Vec::new(),
-    };
-    for g in 0..order.groups.len() {
-        let (from, to, mirrored) = order.groups[g];
-        let rows = &mut order.rows[from..to];
-        if !(mirrored && nest.walk(rows, true, span_ts, span_dur)) {
-            if mirrored {
-                // Out of spec for the mirrored walk: redo the track in start order.
-                nest.reset(rows);
-                sort_by_start(rows, span_ts, span_dur);
-            }
-            nest.walk(rows, false, span_ts, span_dur);
-        }
-    }
-    for &(from, to, _) in &order.groups {
-        let rows = &order.rows[from..to];
-        let Some(&first) = rows.first() else { continue };
-        let pid = pid_of(first as usize);
-        let list: &[StepSpan] = match by_pid.binary_search_by(|p| p.0.cmp(&pid)) {
-            Ok(j) => &by_pid[j].1,
-            Err(_) => &global,
-        };
-        let mut k = 0usize;
-        for &r in rows {
-            let i = r as usize;
-            let ts = span_ts[i];
-            // The last interval starting at or before ts; ts moves little from span to span.
-            while k > 0 && list[k].0 > ts + EPS_US {
-                k -= 1;
-            }
-            while k + 1 < list.len() && list[k + 1].0 <= ts + EPS_US {
-                k += 1;
-            }
-            let in_list = list
-                .get(k)
-                .filter(|s| s.0 <= ts + EPS_US && (ts < s.1 - EPS_US || ts <= s.0 + EPS_US))
-                .map(|s| s.2);
-            let found = if let Some(s) = step_of_name[span_name[i] as usize] {
-                Some(s)
-            } else if clock[i] == Clock::Gpu && step[i] != NO_STEP {
-                Some(step[i])
-            } else {
-                in_list
-            };
-            step[i] = found.unwrap_or(NO_STEP);
-        }
-    }
-    if nest.overlaps > 0 {
-        warnings.push(Warning::Overlaps {
-            count: nest.overlaps,
-        });
-    }
-    if steps.is_empty() && n > 0 {
-        warnings.push(Warning::NoSteps);
-    }
-    // Self time in place of the children's sum: one column less to allocate.
-    let mut self_us = nest.child_sum;
-    for (s, &d) in self_us.iter_mut().zip(span_dur) {
-        *s = (d - *s).max(0.0);
-    }
-    Nested {
-        depth: nest.depth,
-        parent: nest.parent,
-        self_us,
-        step,
-    }
-}
-
-/// Depth, parent and children's time of every span, filled one track at a time.
-struct Nesting {
-    depth: Vec<u32>,
-    parent: Vec<u32>,
-    child_sum: Vec<f64>,
-    /// Partial overlaps met (out of spec; such a span is taken as a sibling).
-    overlaps: u64,
-    stack: Vec<(u32, f64)>,
-}
-
-impl Nesting {
-    /// Walks one track's rows with a stack. In start order (ts, longest first) as Perfetto
-    /// nests; or `mirrored`: by end descending (longest first), the order of a file
-    /// written as spans end, read backwards, which is start order in mirrored time. A
-    /// mirrored walk gives up at the first partial overlap (`false`), leaving the track to
-    /// be reset and walked in start order, so that overlaps are judged one way only.
-    fn walk(&mut self, rows: &[u32], mirrored: bool, ts: &[f64], dur: &[f64]) -> bool {
-        self.stack.clear();
-        for &r in rows {
-            let i = r as usize;
-            let (a, b) = if mirrored {
-                (-(ts[i] + dur[i]), -ts[i])
-            } else {
-                (ts[i], ts[i] + dur[i])
-            };
-            while let Some(&(_, top_end)) = self.stack.last() {
-                if top_end <= a + EPS_US {
-                    self.stack.pop();
-                } else if b <= top_end + EPS_US {
-                    break;
-                } else if mirrored {
-                    return false;
-                } else {
-                    self.overlaps += 1;
-                    self.stack.pop();
-                }
-            }
-            if let Some(&(p, _)) = self.stack.last() {
-                self.parent[i] = p;
-                self.depth[i] = self.stack.len() as u32;
-                self.child_sum[p as usize] += dur[i];
-            }
-            self.stack.push((r, b));
-        }
-        true
-    }
-
-    fn reset(&mut self, rows: &[u32]) {
-        for &r in rows {
-            let i = r as usize;
-            self.parent[i] = NO_ROW;
-            self.depth[i] = 0;
-            self.child_sum[i] = 0.0;
-        }
-    }
-}
-
-/// Span rows grouped by track: `rows[from..to]` for each of `groups` (in track id order),
-/// with whether that group runs in mirrored order (see [`Nesting::walk`]).
-struct TrackOrder {
-    rows: Vec<u32>,
-    groups: Vec<(usize, usize, bool)>,
-}
-
-/// Groups the rows by track with a counting pass. Writers emit a track's spans as they
-/// start (Kineto) or as they end (dflash), so a group is usually in start order already,
-/// or in end order and then walked backwards; only a group in neither order is sorted.
-fn track_order(track: &[u32], ts: &[f64], dur: &[f64], tracks: usize) -> TrackOrder {
-    let mut start = vec![0usize; tracks + 1];
-    for &t in track {
-        start[t as usize + 1] += 1;
-    }
-    for i in 0..tracks {
-        start[i + 1] += start[i];
-    }
-    let mut rows = vec![0u32; track.len()];
-    let mut next = start.clone();
-    for (row, &t) in track.iter().enumerate() {
-        let slot = &mut next[t as usize];
-        rows[*slot] = row as u32;
-        *slot += 1;
-    }
-    let by_start = |a: u32, b: u32| start_order(ts, dur, a, b);
-    // Ascending end, shortest first among equal ends: reversed, that is start order in
-    // mirrored time.
-    let by_end = |a: u32, b: u32| {
-        let (a, b) = (a as usize, b as usize);
-        (ts[a] + dur[a])
-            .total_cmp(&(ts[b] + dur[b]))
-            .then(dur[a].total_cmp(&dur[b]))
-    };
-    let sorted = |g: &[u32], cmp: &dyn Fn(u32, u32) -> std::cmp::Ordering| {
-        g.windows(2)
-            .all(|p| cmp(p[0], p[1]) != std::cmp::Ordering::Greater)
-    };
-    let mut groups = Vec::with_capacity(tracks);
-    for w in start.windows(2) {
-        let group = &mut rows[w[0]..w[1]];
-        let mirrored = if sorted(group, &by_start) {
-            false
-        } else if sorted(group, &by_end) {
-            group.reverse();
-            true
-        } else {
-            sort_by_start(group, ts, dur);
-            false
-        };
-        groups.push((w[0], w[1], mirrored));
-    }
-    TrackOrder { rows, groups }
-}
-
-/// Start order, as Perfetto nests: by ts, the longest first among equal starts.
-fn start_order(ts: &[f64], dur: &[f64], a: u32, b: u32) -> std::cmp::Ordering {
-    let (a, b) = (a as usize, b as usize);
-    ts[a].total_cmp(&ts[b]).then(dur[b].total_cmp(&dur[a]))
-}
-
-/// Sorts rows into [`start_order`]; stable, and fast on runs already in order.
-fn sort_by_start(rows: &mut [u32], ts: &[f64], dur: &[f64]) {
-    rows.sort_by(|&a, &b| start_order(ts, dur, a, b));
 }
 
 /// (pid, tid, unique label, process name) per track id.

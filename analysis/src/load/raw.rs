@@ -4,100 +4,15 @@
 //! kept sparse (most spans carry none), and every check that needs the event's index or
 //! offset for its message happens here.
 
-use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
-use std::mem::MaybeUninit;
+use chrome_trace_format::limits;
+use chrome_trace_format::names::STEP_ARG;
+use chrome_trace_format::phase::KNOWN_PHASES;
+use chrome_trace_format::{dflash, FlowDir, MetaName, Phase};
+use rustc_hash::FxHashMap;
 
 use super::event::{ArgVal, Event, IdVal};
+use super::intern::Interner;
 use super::json::{unescape, Str};
-
-/// FxHash (rustc's hasher): names are short and trusted enough, SipHash is overkill here.
-#[derive(Default, Clone, Copy)]
-pub(crate) struct FxHasher(u64);
-
-impl Hasher for FxHasher {
-    #[inline]
-    fn write(&mut self, bytes: &[u8]) {
-        const K: u64 = 0x517c_c1b7_2722_0a95;
-        let mut h = self.0;
-        let mut chunks = bytes.chunks_exact(8);
-        for c in &mut chunks {
-            let w = u64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]);
-            h = (h.rotate_left(5) ^ w).wrapping_mul(K);
-        }
-        for &b in chunks.remainder() {
-            h = (h.rotate_left(5) ^ b as u64).wrapping_mul(K);
-        }
-        self.0 = h;
-    }
-    #[inline]
-    fn write_u8(&mut self, i: u8) {
-        self.0 = (self.0.rotate_left(5) ^ i as u64).wrapping_mul(0x517c_c1b7_2722_0a95);
-    }
-    #[inline]
-    fn write_usize(&mut self, i: usize) {
-        self.0 = (self.0.rotate_left(5) ^ i as u64).wrapping_mul(0x517c_c1b7_2722_0a95);
-    }
-    #[inline]
-    fn finish(&self) -> u64 {
-        self.0
-    }
-}
-
-pub(crate) type FxMap<K, V> = HashMap<K, V, BuildHasherDefault<FxHasher>>;
-
-/// Raw (still escaped) string bytes to a dense id, and ids back to decoded strings.
-#[derive(Default)]
-pub(crate) struct Interner {
-    ids: FxMap<Box<[u8]>, u32>,
-    pub strings: Vec<String>,
-}
-
-impl Interner {
-    #[inline]
-    pub fn intern(&mut self, raw: &[u8], escaped: bool) -> u32 {
-        if let Some(&id) = self.ids.get(raw) {
-            return id;
-        }
-        let id = self.strings.len() as u32;
-        self.strings.push(if escaped {
-            unescape(raw)
-        } else {
-            String::from_utf8_lossy(raw).into_owned()
-        });
-        self.ids.insert(raw.into(), id);
-        id
-    }
-
-    pub fn get(&self, s: &str) -> Option<u32> {
-        self.ids.get(s.as_bytes()).copied()
-    }
-
-    /// The id of `raw`, storing `decoded` as its text when it is new; for merging.
-    fn intern_decoded(&mut self, raw: &[u8], decoded: &str) -> u32 {
-        if let Some(&id) = self.ids.get(raw) {
-            return id;
-        }
-        let id = self.strings.len() as u32;
-        self.strings.push(decoded.to_string());
-        self.ids.insert(raw.into(), id);
-        id
-    }
-
-    /// For each id of `other`, its id here (interning what is new).
-    fn absorb(&mut self, other: &Interner) -> Vec<u32> {
-        let mut by_id: Vec<&[u8]> = vec![&[]; other.strings.len()];
-        for (raw, &id) in &other.ids {
-            by_id[id as usize] = raw;
-        }
-        // In id order, so new strings get ids in the order the file showed them.
-        by_id
-            .iter()
-            .zip(&other.strings)
-            .map(|(raw, text)| self.intern_decoded(raw, text))
-            .collect()
-    }
-}
 
 /// The args the analyzer keeps as span columns, by their key in the trace. `args.step`
 /// is read too, into the step column (see [`Raw::span_step`]); other args are skipped.
@@ -130,11 +45,11 @@ impl ArgKey {
     /// The key in `args`.
     pub fn key(self) -> &'static str {
         match self {
-            ArgKey::WaitUs => "wait_us",
-            ArgKey::Depth => "depth",
-            ArgKey::Tokens => "tokens",
-            ArgKey::Loss => "loss",
-            ArgKey::Batch => "batch",
+            ArgKey::WaitUs => dflash::args::WAIT_US,
+            ArgKey::Depth => dflash::args::DEPTH,
+            ArgKey::Tokens => dflash::args::TOKENS,
+            ArgKey::Loss => dflash::args::LOSS,
+            ArgKey::Batch => dflash::args::BATCH,
         }
     }
 
@@ -157,8 +72,9 @@ impl ArgKey {
 }
 
 impl ArgUse {
+    /// The use of an `args` key. Byte patterns rather than the format crate's constants:
+    /// compared inline, without a call (a test checks they spell the same keys).
     fn of_key(k: &[u8]) -> Option<ArgUse> {
-        // Byte patterns rather than string literals: compared inline, without a call.
         Some(match k {
             [b's', b't', b'e', b'p'] => ArgUse::Step,
             [b'w', b'a', b'i', b't', b'_', b'u', b's'] => ArgUse::Column(ArgKey::WaitUs),
@@ -174,11 +90,8 @@ impl ArgUse {
 /// Limits past which a value is taken as corrupt rather than as data.
 pub(crate) const MAX_ABS_TS_US: f64 = 9_007_199_254_740_992.0; // 2^53 us: beyond f64's integer range
 pub(crate) const MAX_DUR_US: f64 = 1e12; // about 11.6 days
-const MAX_ID: f64 = 4_294_967_296.0; // pid/tid below 2^32, as Perfetto requires
-const MAX_FLOW_ID: f64 = 9_007_199_254_740_992.0; // flow ids below 2^53
-
-/// Every phase of the Chrome trace event format. Ones not in this list are errors.
-const KNOWN_PHASES: &[u8] = b"BEXiIbneSTpFstfPCMNODRcVv()";
+const MAX_ID: f64 = limits::MAX_ID as f64; // pid/tid below 2^32, as Perfetto requires
+const MAX_FLOW_ID: f64 = limits::MAX_FLOW_ID as f64; // flow ids below 2^53
 
 /// A message about one event, before the loader adds path, index and offset.
 pub(crate) struct EventProblem(pub String);
@@ -217,11 +130,11 @@ pub(crate) struct Raw {
     pub strings: Interner,
     /// (pid, tid) of each track; a span stores its track id.
     pub tracks: Vec<(i64, i64)>,
-    track_ids: FxMap<(i64, i64), u32>,
+    track_ids: FxHashMap<(i64, i64), u32>,
     /// The track of the previous span: consecutive spans often share one.
     last_track: Option<((i64, i64), u32)>,
     /// String pids/tids get ids from 2^32 up, so they never meet numeric ones.
-    string_ids: Interner,
+    pub(super) string_ids: Interner,
 
     pub span_track: Vec<u32>,
     pub span_name: Vec<u32>,
@@ -249,117 +162,10 @@ pub(crate) struct Raw {
     /// The span row, or [`NO_SPAN`].
     pub flow_span: Vec<u32>,
 
-    pub process_names: FxMap<i64, String>,
-    pub thread_names: FxMap<(i64, i64), String>,
+    pub process_names: FxHashMap<i64, String>,
+    pub thread_names: FxHashMap<(i64, i64), String>,
     /// Events of phases the analyzer does not use, by phase.
-    pub ignored: FxMap<u8, u64>,
-}
-
-/// Work that fills one part's share of a merged column.
-type Task<'a> = Box<dyn FnOnce() + Send + 'a>;
-
-/// Grows `dest` by the lengths of the parts that follow it and hands out each part's
-/// uninitialised place, in order. The caller sets the length once every place is written.
-fn places<'a, T>(dest: &'a mut Vec<T>, lens: &[usize]) -> (usize, Vec<&'a mut [MaybeUninit<T>]>) {
-    let extra: usize = lens.iter().sum();
-    let len = dest.len() + extra;
-    dest.reserve_exact(extra);
-    let mut spare = &mut dest.spare_capacity_mut()[..extra];
-    let mut out = Vec::with_capacity(lens.len());
-    for &l in lens {
-        let (here, rest) = std::mem::take(&mut spare).split_at_mut(l);
-        out.push(here);
-        spare = rest;
-    }
-    (len, out)
-}
-
-/// Writes `src`, mapped by `f`, into `place` (of the same length), then frees `src`.
-fn fill<T, U>(place: &mut [MaybeUninit<T>], src: Vec<U>, f: impl Fn(U) -> T) {
-    assert_eq!(place.len(), src.len(), "a part's column changed size");
-    for (d, s) in place.iter_mut().zip(src) {
-        d.write(f(s));
-    }
-}
-
-/// Queues one task per part that fills its place in `dest` from its column, mapped by
-/// `f(part, value)`; returns the length `dest` has once they have run.
-fn queue<'a, T: Send + 'a, U: Send + 'a>(
-    tasks: &mut Vec<Task<'a>>,
-    dest: &'a mut Vec<T>,
-    srcs: Vec<Vec<U>>,
-    f: impl Fn(usize, U) -> T + Copy + Send + 'a,
-) -> usize {
-    let lens: Vec<usize> = srcs.iter().map(Vec::len).collect();
-    let (len, places) = places(dest, &lens);
-    for (k, (place, src)) in places.into_iter().zip(srcs).enumerate() {
-        tasks.push(Box::new(move || fill(place, src, |v| f(k, v))));
-    }
-    len
-}
-
-/// How the ids of one part map onto the merged part's.
-struct PartMap {
-    strings: Vec<u32>,
-    string_ids: Vec<u32>,
-    tracks: Vec<u32>,
-    /// Span rows before this part.
-    rows: u32,
-}
-
-impl PartMap {
-    /// A pid or tid: string ids move, numbers stay.
-    fn id(&self, v: i64) -> i64 {
-        let max_id = MAX_ID as i64;
-        if v >= max_id {
-            max_id + self.string_ids[(v - max_id) as usize] as i64
-        } else {
-            v
-        }
-    }
-
-    fn flow_id(&self, f: u64) -> u64 {
-        let base = 1u64 << 53;
-        if f >= base {
-            base + self.string_ids[(f - base) as usize] as u64
-        } else {
-            f
-        }
-    }
-
-    fn span(&self, r: u32) -> u32 {
-        if r == NO_SPAN {
-            NO_SPAN
-        } else {
-            r + self.rows
-        }
-    }
-}
-
-/// Runs `tasks` on up to `threads` threads (0: one per core).
-fn run_tasks(tasks: Vec<Task<'_>>, threads: usize) {
-    let threads = if threads == 0 {
-        std::thread::available_parallelism().map_or(1, |n| n.get())
-    } else {
-        threads
-    };
-    let queue = std::sync::Mutex::new(tasks);
-    let work = || loop {
-        let task = queue.lock().unwrap_or_else(|e| e.into_inner()).pop();
-        match task {
-            Some(t) => t(),
-            None => break,
-        }
-    };
-    std::thread::scope(|scope| {
-        let helpers: Vec<_> = (1..threads).map(|_| scope.spawn(work)).collect();
-        work();
-        for h in helpers {
-            if let Err(panic) = h.join() {
-                std::panic::resume_unwind(panic);
-            }
-        }
-    });
+    pub ignored: FxHashMap<u8, u64>,
 }
 
 /// A number as a message shows it: huge ones in exponent form.
@@ -406,152 +212,7 @@ impl Raw {
         self.string_ids.strings.get(k as usize).map(String::as_str)
     }
 
-    /// Joins parts of the file, in file order, into one: ids of strings, string pids and
-    /// tracks are mapped onto the first part's, span rows shifted. The ids are merged in
-    /// order; the columns are copied into place by up to `threads` threads, a part and a
-    /// column at a time, each part's column freed as soon as it is copied.
-    pub fn concat(mut parts: Vec<Raw>, threads: usize) -> Raw {
-        if parts.len() <= 1 {
-            return parts.pop().unwrap_or_default();
-        }
-        let mut rest = parts.split_off(1);
-        let mut base = parts.pop().unwrap_or_default();
-        let mut maps = Vec::with_capacity(rest.len());
-        let mut rows = base.span_ts.len();
-        for other in &mut rest {
-            let strings = base.strings.absorb(&other.strings);
-            let string_ids = base.string_ids.absorb(&other.string_ids);
-            let mut map = PartMap {
-                strings,
-                string_ids,
-                tracks: Vec::new(),
-                rows: rows as u32,
-            };
-            map.tracks = other
-                .tracks
-                .iter()
-                .map(|&(p, t)| base.track(map.id(p), map.id(t)))
-                .collect();
-            for (pid, label) in std::mem::take(&mut other.process_names) {
-                base.process_names.insert(map.id(pid), label);
-            }
-            for ((pid, tid), label) in std::mem::take(&mut other.thread_names) {
-                base.thread_names.insert((map.id(pid), map.id(tid)), label);
-            }
-            for (ph, n) in std::mem::take(&mut other.ignored) {
-                *base.ignored.entry(ph).or_default() += n;
-            }
-            rows += other.span_ts.len();
-            maps.push(map);
-        }
-        let maps = &maps;
-        macro_rules! cols {
-            ($field:ident) => {
-                rest.iter_mut()
-                    .map(|r| std::mem::take(&mut r.$field))
-                    .collect::<Vec<_>>()
-            };
-        }
-        let (track, name, cat) = (cols!(span_track), cols!(span_name), cols!(span_cat));
-        let (ts, dur, step) = (cols!(span_ts), cols!(span_dur), cols!(span_step));
-        let (c_pid, c_name, c_key) = (cols!(ctr_pid), cols!(ctr_name), cols!(ctr_key));
-        let (c_ts, c_value) = (cols!(ctr_ts), cols!(ctr_value));
-        let (f_id, f_dir, f_pid, f_tid) = (
-            cols!(flow_id),
-            cols!(flow_dir),
-            cols!(flow_pid),
-            cols!(flow_tid),
-        );
-        let (f_ts, f_span) = (cols!(flow_ts), cols!(flow_span));
-        // Per arg: the parts' rows and values.
-        type ArgParts = (Vec<Vec<u32>>, Vec<Vec<f64>>);
-        let mut args: Vec<ArgParts> = (0..ArgKey::ALL.len())
-            .map(|a| {
-                rest.iter_mut()
-                    .map(|r| {
-                        let c = std::mem::take(&mut r.span_args[a]);
-                        (c.rows, c.values)
-                    })
-                    .unzip()
-            })
-            .collect();
-        drop(rest);
-
-        let b = &mut base;
-        let mut tasks: Vec<Task<'_>> = Vec::new();
-        let t = &mut tasks;
-        let lens = [
-            queue(t, &mut b.span_track, track, move |k, v| {
-                maps[k].tracks[v as usize]
-            }),
-            queue(t, &mut b.span_name, name, move |k, v| {
-                maps[k].strings[v as usize]
-            }),
-            queue(t, &mut b.span_cat, cat, move |k, v| {
-                maps[k].strings[v as usize]
-            }),
-            queue(t, &mut b.ctr_name, c_name, move |k, v| {
-                maps[k].strings[v as usize]
-            }),
-            queue(t, &mut b.ctr_key, c_key, move |k, v| {
-                maps[k].strings[v as usize]
-            }),
-            queue(t, &mut b.flow_span, f_span, move |k, v| maps[k].span(v)),
-        ];
-        let lens64 = [
-            queue(t, &mut b.ctr_pid, c_pid, move |k, v| maps[k].id(v)),
-            queue(t, &mut b.flow_pid, f_pid, move |k, v| maps[k].id(v)),
-            queue(t, &mut b.flow_tid, f_tid, move |k, v| maps[k].id(v)),
-        ];
-        let id_len = queue(t, &mut b.flow_id, f_id, move |k, v| maps[k].flow_id(v));
-        let dir_len = queue(t, &mut b.flow_dir, f_dir, |_, v| v);
-        let flen = [
-            queue(t, &mut b.span_ts, ts, |_, v| v),
-            queue(t, &mut b.span_dur, dur, |_, v| v),
-            queue(t, &mut b.ctr_ts, c_ts, |_, v| v),
-            queue(t, &mut b.ctr_value, c_value, |_, v| v),
-            queue(t, &mut b.flow_ts, f_ts, |_, v| v),
-        ];
-        let step_len = queue(t, &mut b.span_step, step, |_, v| v);
-        let mut arg_lens = Vec::new();
-        for (col, (rows, values)) in b.span_args.iter_mut().zip(args.drain(..)) {
-            let r = queue(t, &mut col.rows, rows, move |k, v| v + maps[k].rows);
-            let v = queue(t, &mut col.values, values, |_, v| v);
-            arg_lens.push((r, v));
-        }
-        run_tasks(tasks, threads);
-        // SAFETY: every place handed out by `queue` was written by its task (`fill` checks
-        // that a place and its source have the same length), and all tasks have run.
-        unsafe {
-            let [a, b2, c, d, e, f] = lens;
-            base.span_track.set_len(a);
-            base.span_name.set_len(b2);
-            base.span_cat.set_len(c);
-            base.ctr_name.set_len(d);
-            base.ctr_key.set_len(e);
-            base.flow_span.set_len(f);
-            let [a, b2, c] = lens64;
-            base.ctr_pid.set_len(a);
-            base.flow_pid.set_len(b2);
-            base.flow_tid.set_len(c);
-            base.flow_id.set_len(id_len);
-            base.flow_dir.set_len(dir_len);
-            let [a, b2, c, d, e] = flen;
-            base.span_ts.set_len(a);
-            base.span_dur.set_len(b2);
-            base.ctr_ts.set_len(c);
-            base.ctr_value.set_len(d);
-            base.flow_ts.set_len(e);
-            base.span_step.set_len(step_len);
-            for (col, (r, v)) in base.span_args.iter_mut().zip(arg_lens) {
-                col.rows.set_len(r);
-                col.values.set_len(v);
-            }
-        }
-        base
-    }
-
-    fn track(&mut self, pid: i64, tid: i64) -> u32 {
+    pub(super) fn track(&mut self, pid: i64, tid: i64) -> u32 {
         let next = self.tracks.len() as u32;
         let id = *self.track_ids.entry((pid, tid)).or_insert(next);
         if id == next {
@@ -571,8 +232,12 @@ impl Raw {
         };
         let ph_raw = &s[ph.range()];
         let phase = match ph_raw {
-            [p] if KNOWN_PHASES.contains(p) => *p,
-            _ => {
+            [p] => Phase::from_byte(*p),
+            _ => None,
+        };
+        let phase = match phase {
+            Some(p) => p,
+            None => {
                 return Err(EventProblem(format!(
                     "has an unknown phase `{}`; the Chrome trace format knows {}",
                     String::from_utf8_lossy(ph_raw),
@@ -581,11 +246,13 @@ impl Raw {
             }
         };
         match phase {
-            b'X' => self.push_span(s, ev),
-            b'C' => self.push_counter(s, ev),
-            b'M' => self.push_meta(s, ev),
-            b's' | b'f' | b't' => self.push_flow_event(s, ev, phase),
-            other => {
+            Phase::Complete => self.push_span(s, ev),
+            Phase::Counter => self.push_counter(s, ev),
+            Phase::Metadata => self.push_meta(s, ev),
+            Phase::FlowStart | Phase::FlowStep | Phase::FlowEnd => {
+                self.push_flow_event(s, ev, phase)
+            }
+            Phase::Other(other) => {
                 *self.ignored.entry(other).or_default() += 1;
                 Ok(())
             }
@@ -651,7 +318,7 @@ impl Raw {
                 ArgVal::Num(x) => x,
                 ArgVal::Str(_) => {
                     let key = match which {
-                        ArgUse::Step => "step",
+                        ArgUse::Step => STEP_ARG,
                         ArgUse::Column(c) => c.key(),
                     };
                     return Err(EventProblem(format!(
@@ -667,10 +334,10 @@ impl Raw {
         if let Some(b) = ev.bind_id {
             if ev.flow_in || ev.flow_out {
                 let id = Self::flow_id_num(b)?;
-                for (flag, dir) in [(ev.flow_out, 0u8), (ev.flow_in, 1u8)] {
+                for (flag, dir) in [(ev.flow_out, FlowDir::Out), (ev.flow_in, FlowDir::In)] {
                     if flag {
                         self.flow_id.push(id);
-                        self.flow_dir.push(dir);
+                        self.flow_dir.push(dir as u8);
                         self.flow_pid.push(pid);
                         self.flow_tid.push(tid);
                         self.flow_ts.push(ts);
@@ -722,12 +389,13 @@ impl Raw {
         let Some(name) = ev.name else {
             return Ok(());
         };
-        let which = &s[name.range()];
-        if which != b"process_name".as_slice() && which != b"thread_name".as_slice() {
-            return Ok(());
-        }
+        let which = match MetaName::parse(&s[name.range()]) {
+            Some(m @ (MetaName::ProcessName | MetaName::ThreadName)) => m,
+            _ => return Ok(()),
+        };
+        let key = which.arg().as_bytes();
         let label = ev.args.iter().find_map(|&(k, v)| match v {
-            ArgVal::Str(st) if &s[k.range()] == b"name" => Some(if st.escaped() {
+            ArgVal::Str(st) if &s[k.range()] == key => Some(if st.escaped() {
                 unescape(&s[st.range()])
             } else {
                 String::from_utf8_lossy(&s[st.range()]).into_owned()
@@ -736,7 +404,7 @@ impl Raw {
         });
         let Some(label) = label else { return Ok(()) };
         let pid = self.id(s, ev.pid, "pid")?;
-        if which == b"process_name" {
+        if which == MetaName::ProcessName {
             self.process_names.insert(pid, label);
         } else {
             let tid = self.id(s, ev.tid, "tid")?;
@@ -745,7 +413,7 @@ impl Raw {
         Ok(())
     }
 
-    fn push_flow_event(&mut self, s: &[u8], ev: &Event, phase: u8) -> Result<(), EventProblem> {
+    fn push_flow_event(&mut self, s: &[u8], ev: &Event, phase: Phase) -> Result<(), EventProblem> {
         let ts = Self::ts(ev)?;
         let id = match ev.id {
             IdVal::Missing => return Err(EventProblem("is a flow event without `id`".into())),
@@ -759,18 +427,42 @@ impl Raw {
                 );
                 match parsed {
                     Some(v) => v,
-                    None => (1u64 << 53) + self.string_ids.intern(t.as_bytes(), false) as u64,
+                    None => {
+                        limits::MAX_FLOW_ID + self.string_ids.intern(t.as_bytes(), false) as u64
+                    }
                 }
             }
         };
         let pid = self.id(s, ev.pid, "pid")?;
         let tid = self.id(s, ev.tid, "tid")?;
         self.flow_id.push(id);
-        self.flow_dir.push(if phase == b'f' { 1 } else { 0 });
+        self.flow_dir
+            .push(phase.flow_dir().unwrap_or(FlowDir::Out) as u8);
         self.flow_pid.push(pid);
         self.flow_tid.push(tid);
         self.flow_ts.push(ts);
         self.flow_span.push(NO_SPAN);
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn arg_patterns_spell_the_format_keys() {
+        for k in ArgKey::ALL {
+            assert!(
+                matches!(ArgUse::of_key(k.key().as_bytes()), Some(ArgUse::Column(c)) if c == k),
+                "{}",
+                k.key()
+            );
+        }
+        assert!(matches!(
+            ArgUse::of_key(STEP_ARG.as_bytes()),
+            Some(ArgUse::Step)
+        ));
+        assert!(ArgUse::of_key(b"cpu_ts").is_none());
     }
 }

@@ -1,0 +1,39 @@
+//! Names and argument keys every trace of this format may carry, dflash's or Kineto's:
+//! the step spans `ProfilerStep#N` and the keys a GPU span adds to its CPU span's args.
+//! The trainer's own section names are in [`crate::dflash`].
+
+/// The name of step spans before their number (Kineto's spelling).
+pub const STEP: &str = "ProfilerStep";
+/// What precedes the step number in a step span's name.
+pub const STEP_PREFIX: &str = "ProfilerStep#";
+
+/// `ProfilerStep#<n>`.
+pub fn step_name(n: u64) -> String {
+    format!("{STEP_PREFIX}{n}")
+}
+
+/// `ProfilerStep#12` -> 12; `None` for any other name.
+pub fn parse_step(name: &str) -> Option<i64> {
+    name.strip_prefix(STEP_PREFIX)?.parse().ok()
+}
+
+/// `args.step` of a GPU span: the step of the `ProfilerStep#N` span open on the thread
+/// that launched it.
+pub const STEP_ARG: &str = "step";
+/// `args.cpu_ts` of a GPU span: the `ts` of its CPU span.
+pub const CPU_TS_ARG: &str = "cpu_ts";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn step_names_round_trip() {
+        assert_eq!(step_name(12), "ProfilerStep#12");
+        assert_eq!(parse_step(&step_name(12)), Some(12));
+        assert_eq!(parse_step("ProfilerStep#"), None);
+        assert_eq!(parse_step("ProfilerStep#x"), None);
+        assert_eq!(parse_step("ProfilerStep"), None);
+        assert_eq!(parse_step("drafter.step"), None);
+    }
+}
