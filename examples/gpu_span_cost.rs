@@ -94,11 +94,11 @@ fn launch_costs(
     x: &tch::Tensor,
     stream: &cuda::Stream,
 ) -> Result<(), Box<dyn std::error::Error>> {
-    let (kmin, kmed) = per_span_ns(&rec, 50, 200, || {
+    let (kmin, kmed) = per_span_ns(rec, 50, 200, || {
         let _ = x.g_add_scalar(1.0);
     });
     let c0 = rec.stats_snapshot().gpu_cost;
-    let (smin, smed) = per_span_ns(&rec, 50, 200, || {
+    let (smin, smed) = per_span_ns(rec, 50, 200, || {
         let _s = trace::gpu_span(name);
         let _ = x.g_add_scalar(1.0);
     });
@@ -108,12 +108,12 @@ fn launch_costs(
         let t = Instant::now();
         while t.elapsed().as_nanos() < 1000 {}
     };
-    let (gkmin, gkmed) = per_span_ns(&rec, 50, 200, || {
+    let (gkmin, gkmed) = per_span_ns(rec, 50, 200, || {
         let _ = x.g_add_scalar(1.0);
         gap();
     });
     let c0 = rec.stats_snapshot().gpu_cost;
-    let (gsmin, gsmed) = per_span_ns(&rec, 50, 200, || {
+    let (gsmin, gsmed) = per_span_ns(rec, 50, 200, || {
         {
             let _s = trace::gpu_span(name);
             let _ = x.g_add_scalar(1.0);
@@ -126,7 +126,7 @@ fn launch_costs(
     let mut junk = vec![0u8; 8 << 20];
     let mut k = 0u8;
     let c0 = rec.stats_snapshot().gpu_cost;
-    per_span_ns(&rec, 20, 200, || {
+    per_span_ns(rec, 20, 200, || {
         let _s = trace::gpu_span(name);
         let _ = x.g_add_scalar(1.0);
         k = k.wrapping_add(1);
@@ -148,7 +148,7 @@ fn launch_costs(
     };
     std::thread::sleep(std::time::Duration::from_millis(20));
     let c0 = rec.stats_snapshot().gpu_cost;
-    per_span_ns(&rec, 50, 200, || {
+    per_span_ns(rec, 50, 200, || {
         let _s = trace::gpu_span(name);
         let _ = x.g_add_scalar(1.0);
     });

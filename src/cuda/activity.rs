@@ -225,9 +225,12 @@ pub fn counts() -> (u64, u64) {
 }
 
 /// CUPTI's id of the stream with raw handle `stream` (what GPU records carry).
-pub fn stream_id(stream: *mut c_void) -> Result<u32> {
+///
+/// # Safety
+/// `stream` must be a live CUDA stream handle (from c10) or null (the default stream).
+pub unsafe fn stream_id(stream: *mut c_void) -> Result<u32> {
     let mut id = 0;
-    // SAFETY: `stream` is a live CUDA stream handle from c10.
+    // SAFETY: the caller hands a live stream handle.
     check("CUPTI stream id", unsafe {
         ffi::dflash_activity_stream_id(stream, &mut id)
     })?;
