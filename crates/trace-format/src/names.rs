@@ -22,6 +22,10 @@ pub fn parse_step(name: &str) -> Option<i64> {
 pub const STEP_ARG: &str = "step";
 /// `args.cpu_ts` of a GPU span: the `ts` of its CPU span.
 pub const CPU_TS_ARG: &str = "cpu_ts";
+/// `args.correlation` of a kernel, memcpy or memset and of the runtime or driver call
+/// that launched it (CUPTI's correlation id, as Kineto writes it): the launch-to-kernel
+/// link.
+pub const CORRELATION_ARG: &str = "correlation";
 
 #[cfg(test)]
 mod tests {
