@@ -27,7 +27,7 @@ pub struct KernelRow {
     pub count: u64,
     pub total_us: f64,
     pub mean_us: f64,
-    /// Of the GPU busy time (the union of all kernels), 0..1.
+    /// Of the time of all kernels (summed, so shares add up to 1 with streams overlapping).
     pub share: f64,
 }
 
@@ -111,6 +111,9 @@ pub struct KernelView {
     pub sync: ApiTotals,
     pub alloc: ApiTotals,
     pub free: ApiTotals,
+    /// What Holistic Trace Analysis reports for one rank: temporal and idle-time
+    /// breakdowns, launch statistics, queue lengths.
+    pub hta: crate::hta::Hta,
     /// Every kernel name, by total time (longest first).
     pub by_name: Vec<KernelRow>,
     /// Sections that launched or waited, by kernel busy time (longest first).
@@ -118,17 +121,17 @@ pub struct KernelView {
 }
 
 /// The spans frame as plain vectors (the columns the walks need).
-struct Cols {
-    kind: Vec<SpanKind>,
-    clock: Vec<Clock>,
-    step: Vec<Option<i64>>,
-    pid: Vec<i64>,
-    tid: Vec<i64>,
-    ts: Vec<f64>,
-    dur: Vec<f64>,
-    parent: Vec<u32>,
-    corr: Vec<Option<f64>>,
-    names: StringChunked,
+pub(crate) struct Cols {
+    pub(crate) kind: Vec<SpanKind>,
+    pub(crate) clock: Vec<Clock>,
+    pub(crate) step: Vec<Option<i64>>,
+    pub(crate) pid: Vec<i64>,
+    pub(crate) tid: Vec<i64>,
+    pub(crate) ts: Vec<f64>,
+    pub(crate) dur: Vec<f64>,
+    pub(crate) parent: Vec<u32>,
+    pub(crate) corr: Vec<Option<f64>>,
+    pub(crate) names: StringChunked,
 }
 
 impl Cols {
@@ -199,11 +202,11 @@ impl Cols {
         })
     }
 
-    fn name(&self, row: usize) -> &str {
+    pub(crate) fn name(&self, row: usize) -> &str {
         self.names.get(row).unwrap_or("")
     }
 
-    fn end(&self, row: usize) -> f64 {
+    pub(crate) fn end(&self, row: usize) -> f64 {
         self.ts[row] + self.dur[row]
     }
 
@@ -490,7 +493,11 @@ fn view(c: &Cols) -> PolarsResult<Option<KernelView>> {
             count,
             total_us: total,
             mean_us: total / count as f64,
-            share: if busy > 0.0 { total / busy } else { 0.0 },
+            share: if kernel_us > 0.0 {
+                total / kernel_us
+            } else {
+                0.0
+            },
         })
         .collect();
     by_name.sort_by(|a, b| b.total_us.total_cmp(&a.total_us).then(a.name.cmp(&b.name)));
@@ -575,6 +582,7 @@ fn view(c: &Cols) -> PolarsResult<Option<KernelView>> {
         sync: total(ApiClass::Sync),
         alloc: total(ApiClass::Alloc),
         free: total(ApiClass::Free),
+        hta: crate::hta::hta(c, &kernels, &launch_of),
         by_name,
         sections,
     }))

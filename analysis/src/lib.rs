@@ -21,6 +21,7 @@ pub mod cli;
 pub mod compare;
 pub mod export;
 pub mod findings;
+pub mod hta;
 pub mod kernels;
 pub mod load;
 pub mod plot;

@@ -157,7 +157,39 @@ fn kernel_tables(out: &mut String, k: &crate::kernels::KernelView, top: usize, c
     }
     let _ = writeln!(
         out,
-        "(times in ms, mean in us, share of GPU busy time)\n{t}"
+        "(times in ms, mean in us, share of all kernel time)\n{t}"
+    );
+    let h = &k.hta;
+    for t in &h.temporal {
+        let p = |x: f64| pct(x / t.window_us.max(1e-9));
+        let _ = writeln!(
+            out,
+            "GPU {}: compute {}%, non-compute {}%, idle {}% of {} ms",
+            t.pid,
+            p(t.compute_us),
+            p(t.non_compute_us),
+            p(t.idle_us),
+            ms(t.window_us)
+        );
+    }
+    for i in &h.idle {
+        let q = h.queues.iter().find(|q| (q.pid, q.tid) == (i.pid, i.tid));
+        let _ = writeln!(
+            out,
+            "  stream {}: idle host wait {} ms, kernel wait {} ms, other {} ms; queue max {}, mean {:.1}",
+            i.tid,
+            ms(i.host_wait_us),
+            ms(i.kernel_wait_us),
+            ms(i.other_us),
+            q.map_or(0, |q| q.max),
+            q.map_or(0.0, |q| q.mean)
+        );
+    }
+    let l = &h.launches;
+    let _ = writeln!(
+        out,
+        "launch delay p50 {:.1} us, p95 {:.1} us; {} of {} kernels shorter than their launch call",
+        l.delay_p50_us, l.delay_p95_us, l.short_kernels, l.kernels
     );
     if k.sections.is_empty() {
         return;

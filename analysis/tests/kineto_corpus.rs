@@ -57,6 +57,8 @@ fn every_corpus_trace_loads_and_skips_only_unused_phases() {
         let unused = evs
             .iter()
             .filter(|e| !matches!(e["ph"].as_str(), Some("X" | "C" | "M" | "s" | "t" | "f")))
+            // Kineto's allocator records are read as counters.
+            .filter(|e| !(e["ph"] == "i" && e["name"] == "[memory]"))
             .count() as u64;
         let skipped: BTreeMap<SkipReason, u64> = t
             .stats
@@ -527,4 +529,137 @@ fn a_slower_host_is_one_verdict_and_a_kernel_regression_on_top_is_found() {
         "{:#?}",
         c.sections
     );
+}
+
+#[test]
+fn hta_figures_match_the_raw_events() {
+    for name in [
+        "h200-two-streams",
+        "h200-sync-bound",
+        "h200-peer-eager-rich",
+    ] {
+        let path = fixture(&format!("kineto/{name}.json.gz"));
+        let evs = events(&path);
+        let t = load(&path, &opts()).unwrap();
+        let b = breakdown(&t).unwrap();
+        let h = &b.kernels.as_ref().unwrap().hta;
+        let f = |e: &Value, k: &str| e[k].as_f64().unwrap();
+        let kernels: Vec<&Value> = evs
+            .iter()
+            .filter(|e| {
+                matches!(
+                    e["cat"].as_str(),
+                    Some("kernel" | "gpu_memcpy" | "gpu_memset")
+                )
+            })
+            .collect();
+        let launch: HashMap<u64, &Value> = evs
+            .iter()
+            .filter(|e| matches!(e["cat"].as_str(), Some("cuda_runtime" | "cuda_driver")))
+            .filter_map(|e| Some((e["args"]["correlation"].as_u64()?, e)))
+            .collect();
+        // Idle time of the device: its window minus the union of kernels, by a sweep over
+        // 1 us cells (coarse, hence the tolerance).
+        let start = kernels.iter().map(|e| f(e, "ts")).fold(f64::MAX, f64::min);
+        let end = kernels
+            .iter()
+            .map(|e| f(e, "ts") + f(e, "dur"))
+            .fold(f64::MIN, f64::max);
+        let cells = (end - start).ceil() as usize + 1;
+        let mut busy = vec![false; cells];
+        for e in &kernels {
+            let (a, z) = (f(e, "ts") - start, f(e, "ts") + f(e, "dur") - start);
+            for cell in busy
+                .iter_mut()
+                .take(z.floor() as usize)
+                .skip(a.ceil() as usize)
+            {
+                *cell = true;
+            }
+        }
+        let idle_cells = busy.iter().filter(|b| !**b).count() as f64;
+        let tp = &h.temporal[0];
+        assert!(
+            (tp.window_us - (end - start)).abs() < 1e-6,
+            "{name}: {tp:?}"
+        );
+        assert!(
+            (tp.idle_us - idle_cells).abs() <= 2.0 * kernels.len() as f64 + 2.0,
+            "{name}: idle {} vs {idle_cells}",
+            tp.idle_us
+        );
+        assert!((tp.compute_us + tp.non_compute_us + tp.idle_us - tp.window_us).abs() < 1e-6);
+        // Gaps per stream add up to the idle breakdown of that stream.
+        let mut streams: BTreeMap<i64, Vec<&Value>> = BTreeMap::new();
+        for e in &kernels {
+            streams
+                .entry(e["tid"].as_i64().unwrap())
+                .or_default()
+                .push(e);
+        }
+        let corr = |e: &Value| e["args"]["correlation"].as_u64().unwrap();
+        for (tid, mut ks) in streams {
+            ks.sort_by(|a, b| f(a, "ts").total_cmp(&f(b, "ts")));
+            let (mut gaps, mut host, mut prev) = (0.0, 0.0, f64::MIN);
+            let mut queue_max = 0;
+            for k in &ks {
+                let gap = f(k, "ts") - prev;
+                if prev > f64::MIN && gap > 0.0 {
+                    gaps += gap;
+                    if launch.get(&corr(k)).is_some_and(|l| f(l, "ts") >= prev) {
+                        host += gap;
+                    }
+                }
+                prev = prev.max(f(k, "ts") + f(k, "dur"));
+                // Queue length just after this kernel's launch, by brute force.
+                if let Some(l) = launch.get(&corr(k)) {
+                    let t = f(l, "ts");
+                    let n = ks
+                        .iter()
+                        .filter(|o| {
+                            launch.get(&corr(o)).is_some_and(|ol| f(ol, "ts") <= t)
+                                && f(o, "ts") + f(o, "dur") > t
+                        })
+                        .count();
+                    queue_max = queue_max.max(n);
+                }
+            }
+            let row = h.idle.iter().find(|r| r.tid == tid).unwrap();
+            let sum = row.host_wait_us + row.kernel_wait_us + row.other_us;
+            assert!(
+                (sum - gaps).abs() < 1e-6 * gaps.max(1.0),
+                "{name} stream {tid}: {row:?} vs {gaps}"
+            );
+            assert!(
+                (row.host_wait_us - host).abs() < 1e-6 * host.max(1.0),
+                "{name} stream {tid}"
+            );
+            let q = h.queues.iter().find(|q| q.tid == tid).unwrap();
+            assert_eq!(q.max as usize, queue_max, "{name} stream {tid}");
+        }
+        // Launch delay median, independently.
+        let mut delays: Vec<f64> = kernels
+            .iter()
+            .filter_map(|k| Some(f(k, "ts") - f(launch.get(&corr(k))?, "ts")))
+            .collect();
+        delays.sort_by(f64::total_cmp);
+        let n = delays.len();
+        let med = if n % 2 == 1 {
+            delays[n / 2]
+        } else {
+            (delays[n / 2 - 1] + delays[n / 2]) / 2.0
+        };
+        assert!((h.launches.delay_p50_us - med).abs() < 1e-6, "{name}");
+        // The memory timeline, where the trace records the allocator.
+        let peak = evs
+            .iter()
+            .filter(|e| e["ph"] == "i" && e["name"] == "[memory]")
+            .filter_map(|e| e["args"]["Total Allocated"].as_f64())
+            .fold(None, |m: Option<f64>, v| Some(m.map_or(v, |m| m.max(v))));
+        match (peak, &b.memory) {
+            (Some(p), Some(m)) => assert_eq!(m.peak_allocated_bytes, p, "{name}"),
+            (None, None) => {}
+            other => panic!("{name}: {other:?}"),
+        }
+    }
 }

@@ -131,6 +131,7 @@ pub fn breakdown(trace: &Trace) -> PolarsResult<Breakdown> {
         queue_depth,
         findings: Vec::new(),
         fallback,
+        memory: crate::hta::memory(&trace.counters)?,
         kernels: walk.kernels,
         warnings: trace.warnings.clone(),
         skipped: trace.stats.skipped.clone(),

@@ -113,6 +113,8 @@ pub struct Breakdown {
     /// Set when the sections table also holds operators (a trace whose user sections
     /// cover little of its steps, e.g. a compiled model's): why, in words.
     pub fallback: Option<String>,
+    /// The caching allocator over time, when the trace records it.
+    pub memory: Option<crate::hta::Memory>,
     /// Kernels, and per section what it launched and waited for; `None` without kernels.
     pub kernels: Option<crate::kernels::KernelView>,
     pub warnings: Vec<crate::warning::Warning>,

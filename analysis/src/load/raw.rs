@@ -5,7 +5,9 @@
 //! offset for its message happens here.
 
 use chrome_trace_format::limits;
-use chrome_trace_format::names::CORRELATION_ARG;
+use chrome_trace_format::names::{
+    CORRELATION_ARG, KINETO_MEMORY, MEMORY_ALLOCATED, MEMORY_RESERVED,
+};
 use chrome_trace_format::phase::KNOWN_PHASES;
 use chrome_trace_format::{dflash, FlowDir, MetaName, Phase};
 use rustc_hash::FxHashMap;
@@ -275,6 +277,13 @@ impl Raw {
             Phase::FlowStart | Phase::FlowStep | Phase::FlowEnd => {
                 self.push_flow_event(s, ev, phase)
             }
+            Phase::Other(b'i')
+                if ev
+                    .name
+                    .is_some_and(|n| &s[n.range()] == KINETO_MEMORY.as_bytes()) =>
+            {
+                self.push_memory(s, ev)
+            }
             Phase::Other(other) => Err(problem(
                 SkipReason::UnusedPhase,
                 format!("phase `{}`", other as char),
@@ -392,6 +401,28 @@ impl Raw {
             ));
         }
         Ok(b as u64)
+    }
+
+    /// Kineto's `[memory]` instant event: the allocator's totals as counter samples.
+    fn push_memory(&mut self, s: &[u8], ev: &Event) -> Result<(), EventProblem> {
+        let ts = Self::ts(ev)?;
+        let pid = self.id(s, ev.pid, "pid")?;
+        let name = self.strings.intern(KINETO_MEMORY.as_bytes(), false);
+        for &(k, v) in &ev.args {
+            let key = &s[k.range()];
+            if key != MEMORY_ALLOCATED.as_bytes() && key != MEMORY_RESERVED.as_bytes() {
+                continue;
+            }
+            if let ArgVal::Num(x) = v {
+                let key = self.text(s, k);
+                self.ctr_pid.push(pid);
+                self.ctr_name.push(name);
+                self.ctr_key.push(key);
+                self.ctr_ts.push(ts);
+                self.ctr_value.push(x);
+            }
+        }
+        Ok(())
     }
 
     fn push_counter(&mut self, s: &[u8], ev: &Event) -> Result<(), EventProblem> {

@@ -27,6 +27,15 @@ pub const CPU_TS_ARG: &str = "cpu_ts";
 /// link.
 pub const CORRELATION_ARG: &str = "correlation";
 
+/// Kineto's allocator records (`profile_memory=True`): instant events of this name whose
+/// args carry the allocator's totals after each allocation or free. A reader takes them
+/// as counter samples.
+pub const KINETO_MEMORY: &str = "[memory]";
+/// Bytes handed out to tensors, after the event.
+pub const MEMORY_ALLOCATED: &str = "Total Allocated";
+/// Bytes the caching allocator holds from the device, after the event.
+pub const MEMORY_RESERVED: &str = "Total Reserved";
+
 #[cfg(test)]
 mod tests {
     use super::*;
