@@ -192,9 +192,7 @@ pub fn bound(b: &Breakdown, out: &mut Vec<Finding>) {
             }
         }
         if c.is_empty() && idle >= HOST_BOUND_IDLE {
-            if let Some(h) = host_heavy(b, k) {
-                c.push(h);
-            }
+            c.push(host_heavy(b, k).unwrap_or_else(|| host_overall(b, k, idle)));
         }
         c.into_iter().max_by(|x, y| x.1.total_cmp(&y.1))
     };
@@ -236,6 +234,37 @@ fn host_heavy(b: &Breakdown, k: &KernelView) -> Option<Candidate> {
             g.map_or(0.0, |g| g.syncs as f64 / steps).round(),
         ),
     ))
+}
+
+/// The host-bound candidate when no user section stands out (a compiled model): the idle
+/// GPU and what the host spends per step, with the longest outer operator.
+fn host_overall(b: &Breakdown, k: &KernelView, idle: f64) -> Candidate {
+    let steps = b.steps.count.max(1) as f64;
+    let op = b
+        .sections
+        .iter()
+        .filter(|s| s.operator && s.kind == Clock::Cpu && s.top_level)
+        .max_by(|x, y| x.total_us.total_cmp(&y.total_us))
+        .map(|s| {
+            format!(
+                "; the longest outer operator is {} ({:.0} us per step)",
+                s.name,
+                s.total_us / steps
+            )
+        })
+        .unwrap_or_default();
+    (
+        "host_bound",
+        idle,
+        format!(
+            "host-bound: the GPU is idle {} of the step while the host issues {:.0} launches per step ({:.0} us in launch calls) and {:.1} syncs ({:.0} us){op}; the host, not the GPU, sets the pace (CUDA graphs, fewer and larger kernels)",
+            pct(idle),
+            per_step(k.launch.calls as f64, steps),
+            per_step(k.launch.us, steps),
+            per_step(k.sync.calls as f64, steps),
+            per_step(k.sync.us, steps),
+        ),
+    )
 }
 
 /// For a pipelined run without kernels in its trace (dflash's: target and drafter on
