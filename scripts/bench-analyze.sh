@@ -9,6 +9,9 @@
 #   THREADS="0 2"   --threads values to load with (0: one per core; the default "0")
 #   RUNS=3          timed loads per thread count
 #   SKIP_HTA=1      leave HTA out (it is installed into a throwaway venv under /tmp)
+#   KINETO=FILE     grow a real PyTorch-profiler trace (e.g. one of fixtures/traces/kineto/,
+#                   with kernels) to the size instead of a synthetic dflash trace
+#   SKIP_JSON=1     leave out Python's json.load of the file
 #
 # Wall time and peak RSS come from a small Python wrapper (resource.getrusage of the
 # child), so the script needs only python3. The file is read once before the timed runs so
@@ -33,7 +36,12 @@ fi
 
 # 1. A trace of at least size_mb: measure bytes per step on a small one, then scale.
 trace="$bench/run/trace.json"
-if [[ ! -f "$trace" || $(stat -c %s "$trace") -lt $((size_mb * 1000000)) ]]; then
+if [[ -n "${KINETO:-}" ]]; then
+  trace="$bench/run/kineto.pt.trace.json"
+  if [[ ! -f "$trace" || $(stat -c %s "$trace") -lt $((size_mb * 1000000)) ]]; then
+    python3 "$root/scripts/grow-kineto.py" "$KINETO" "$trace" "$size_mb"
+  fi
+elif [[ ! -f "$trace" || $(stat -c %s "$trace") -lt $((size_mb * 1000000)) ]]; then
   "$bin" synth --steps 1000 --out "$bench/probe.json"
   per_step=$(( $(stat -c %s "$bench/probe.json") / 1000 ))
   steps=$(( size_mb * 1000000 / per_step + 1 ))
@@ -70,7 +78,12 @@ for t in ${THREADS:-0}; do
 done
 measure "breakdown" "$bin" breakdown --json "$trace"
 
-# 3. Holistic Trace Analysis on the same file.
+# 3. Python's json.load of the same file (what a script over the trace starts with).
+if [[ "${SKIP_JSON:-0}" != 1 ]]; then
+  measure "json.load" python3 -c 'import json, sys; json.load(open(sys.argv[1]))' "$trace"
+fi
+
+# 4. Holistic Trace Analysis on the same file.
 if [[ "${SKIP_HTA:-0}" != 1 ]]; then
   venv=/tmp/hta-venv
   [[ -x "$venv/bin/python" ]] || python3 -m venv "$venv"

@@ -33,6 +33,11 @@ pub struct Cli {
     #[arg(long, default_value_t = 0, global = true)]
     pub threads: usize,
 
+    /// Also list, on stderr, every kind of event the loader skipped or did not use, with
+    /// the first of each (index, byte offset, what was wrong).
+    #[arg(long, short, global = true)]
+    pub verbose: bool,
+
     #[command(subcommand)]
     pub command: Command,
 }

@@ -95,6 +95,9 @@ pub struct SectionCompare {
     pub relative_verdict: Option<Verdict>,
     /// A change in absolute time that the host shift accounts for.
     pub explained_by_host: bool,
+    /// For a flagged change: `host` (CPU time, launches, syncs) or `device` (kernel
+    /// time), when the traces tell.
+    pub side: Option<&'static str>,
 }
 
 /// Most CPU sections moved together.
@@ -122,6 +125,8 @@ pub struct Comparison {
     /// tokens/s of B over A, minus 1 (-0.1 = 10% fewer tokens per second).
     pub tokens_per_s_delta: Option<f64>,
     pub host_shift: Option<HostShift>,
+    /// Kernel time per step in both runs and the kernels that moved (traces with kernels).
+    pub kernels: Option<KernelChange>,
     pub sections: Vec<SectionCompare>,
     /// Regressions not explained by a host shift (what `--fail-on-regression` counts).
     pub regressions: usize,
@@ -129,6 +134,38 @@ pub struct Comparison {
     /// The comparison in sentences.
     pub summary: Vec<String>,
 }
+
+/// How the kernel time per step changed.
+#[derive(Debug, Clone, Serialize)]
+pub struct KernelChange {
+    pub a_us_per_step: f64,
+    pub b_us_per_step: f64,
+    pub ratio: f64,
+    /// Whether it changed beyond [`KERNEL_MOVE`].
+    pub changed: bool,
+    /// Kernels whose time per step moved beyond [`KERNEL_MOVE`] by at least
+    /// [`KERNEL_MIN_SHARE`] of A's kernel time, by how much they moved.
+    pub moved: Vec<KernelMove>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct KernelMove {
+    pub name: String,
+    pub a_us_per_step: f64,
+    pub b_us_per_step: f64,
+    /// B over A; infinite for a kernel new in B.
+    pub ratio: f64,
+}
+
+/// The row of the kernels' GPU busy time per step (of the work each step launched),
+/// judged like a section in traces with kernels.
+pub const KERNEL_SECTION: &str = "kernels (GPU busy per step)";
+
+/// Kernel time per step (of a name, of a section, of the whole step) changed when its
+/// ratio leaves 1 +- this (kernel times are steady: a few percent is real).
+pub const KERNEL_MOVE: f64 = 0.05;
+/// ... and when the change is at least this share of A's kernel time per step.
+pub const KERNEL_MIN_SHARE: f64 = 0.01;
 
 type Samples = BTreeMap<(String, Clock), Vec<f64>>;
 
@@ -224,6 +261,7 @@ pub fn compare_samples(
             relative_ratio: None,
             relative_verdict: None,
             explained_by_host: false,
+            side: None,
         };
         if sa.len() >= MIN_SAMPLES && sb.len() >= MIN_SAMPLES {
             if let Some((r, lo, hi, p)) = test(sa, sb, 1.0, o.seed.wrapping_add(i as u64)) {
@@ -322,6 +360,129 @@ fn judge_relative(
     }
 }
 
+/// Kernel busy time per step of section `name` in a breakdown, if it has kernels.
+fn section_kernel_us(b: &Breakdown, name: &str) -> Option<f64> {
+    let k = b.kernels.as_ref()?;
+    let steps = b.steps.count.max(1) as f64;
+    Some(
+        k.sections
+            .iter()
+            .find(|s| s.name == name)
+            .map_or(0.0, |s| s.kernel_busy_us / steps),
+    )
+}
+
+/// Whether a kernel time per step moved: beyond [`KERNEL_MOVE`] and by at least
+/// [`KERNEL_MIN_SHARE`] of `scale`.
+fn kernel_moved(a: f64, b: f64, scale: f64) -> bool {
+    (b - a).abs() > KERNEL_MOVE * a.max(1e-9) && (b - a).abs() >= KERNEL_MIN_SHARE * scale
+}
+
+fn kernel_change(ba: &Breakdown, bb: &Breakdown) -> Option<KernelChange> {
+    let (ka, kb) = (ba.kernels.as_ref()?, bb.kernels.as_ref()?);
+    let (sa, sb) = (ba.steps.count.max(1) as f64, bb.steps.count.max(1) as f64);
+    let (a, b) = (ka.kernel_us / sa, kb.kernel_us / sb);
+    let per = |k: &crate::kernels::KernelView, s: f64| -> BTreeMap<String, f64> {
+        k.by_name
+            .iter()
+            .map(|r| (r.name.clone(), r.total_us / s))
+            .collect()
+    };
+    let (na, nb) = (per(ka, sa), per(kb, sb));
+    let mut moved: Vec<KernelMove> = na
+        .keys()
+        .chain(nb.keys())
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .filter_map(|name| {
+            let (x, y) = (
+                na.get(name).copied().unwrap_or(0.0),
+                nb.get(name).copied().unwrap_or(0.0),
+            );
+            kernel_moved(x, y, a).then(|| KernelMove {
+                name: name.clone(),
+                a_us_per_step: x,
+                b_us_per_step: y,
+                ratio: if x > 0.0 { y / x } else { f64::INFINITY },
+            })
+        })
+        .collect();
+    moved.sort_by(|x, y| {
+        (y.b_us_per_step - y.a_us_per_step)
+            .abs()
+            .total_cmp(&(x.b_us_per_step - x.a_us_per_step).abs())
+    });
+    Some(KernelChange {
+        a_us_per_step: a,
+        b_us_per_step: b,
+        ratio: if a > 0.0 { b / a } else { f64::NAN },
+        changed: kernel_moved(a, b, a),
+        moved,
+    })
+}
+
+/// With a host shift, a GPU section that moved is explained by it when the same section
+/// on the CPU is, and it moved no more than the host: its span stretched with slower
+/// launches. With kernels, only when the kernels it launched did not move.
+fn explain_gpu_by_host(out: &mut [SectionCompare], h: &HostShift, ba: &Breakdown, bb: &Breakdown) {
+    let cpu_explained: Vec<String> = out
+        .iter()
+        .filter(|s| {
+            s.kind == Clock::Cpu && s.relative_verdict.is_some_and(|v| v == Verdict::Unchanged)
+        })
+        .map(|s| s.name.clone())
+        .collect();
+    for s in out.iter_mut().filter(|s| s.kind == Clock::Gpu) {
+        let (Some(r), Verdict::Regression | Verdict::Improvement) = (s.ratio, s.verdict) else {
+            continue;
+        };
+        let within = if h.factor >= 1.0 {
+            r <= h.factor * (1.0 + HOST_SPREAD)
+        } else {
+            r >= h.factor * (1.0 - HOST_SPREAD)
+        };
+        let kernels_still = match (
+            section_kernel_us(ba, &s.name),
+            section_kernel_us(bb, &s.name),
+        ) {
+            (Some(a), Some(b)) => !kernel_moved(a, b, a),
+            _ => true,
+        };
+        if within && kernels_still && cpu_explained.contains(&s.name) {
+            s.relative_ratio = Some(r / h.factor);
+            s.explained_by_host = true;
+        }
+    }
+}
+
+/// Says for each flagged change whether the device (the kernels it launched moved) or
+/// the host made it.
+fn attribute_sides(out: &mut [SectionCompare], ba: &Breakdown, bb: &Breakdown) {
+    for s in out.iter_mut() {
+        let flagged = is_flagged_regression(s)
+            || (s.verdict == Verdict::Improvement && !s.explained_by_host)
+            || s.relative_verdict == Some(Verdict::Improvement);
+        if !flagged {
+            continue;
+        }
+        if s.name == KERNEL_SECTION {
+            s.side = Some("device");
+            continue;
+        }
+        s.side = match (
+            section_kernel_us(ba, &s.name),
+            section_kernel_us(bb, &s.name),
+        ) {
+            (Some(a), Some(b)) if kernel_moved(a, b, a) => Some("device"),
+            (Some(_), Some(_)) => Some("host"),
+            _ => Some(match s.kind {
+                Clock::Cpu => "host",
+                Clock::Gpu => "device",
+            }),
+        };
+    }
+}
+
 fn is_flagged_regression(s: &SectionCompare) -> bool {
     (s.verdict == Verdict::Regression && !s.explained_by_host)
         || s.relative_verdict == Some(Verdict::Regression)
@@ -333,7 +494,21 @@ pub fn compare(
     o: &CompareOptions,
 ) -> PolarsResult<(Comparison, Breakdown, Breakdown)> {
     let (ba, bb) = (breakdown::breakdown(a)?, breakdown::breakdown(b)?);
-    let (sections, host) = compare_samples(&samples(a)?, &samples(b)?, o);
+    let (mut sa, mut sb) = (samples(a)?, samples(b)?);
+    for (s, bd) in [(&mut sa, &ba), (&mut sb, &bb)] {
+        if let Some(k) = &bd.kernels {
+            s.insert(
+                (KERNEL_SECTION.to_string(), Clock::Gpu),
+                k.step_busy.iter().map(|x| x.busy_us).collect(),
+            );
+        }
+    }
+    let (mut sections, host) = compare_samples(&sa, &sb, o);
+    let kernels = kernel_change(&ba, &bb);
+    if let Some(h) = &host {
+        explain_gpu_by_host(&mut sections, h, &ba, &bb);
+    }
+    attribute_sides(&mut sections, &ba, &bb);
     let regressions = sections.iter().filter(|s| is_flagged_regression(s)).count();
     let improvements = sections
         .iter()
@@ -359,6 +534,7 @@ pub fn compare(
         tokens_per_s_b: bb.steps.tokens_per_s,
         tokens_per_s_delta: tps_delta,
         host_shift: host,
+        kernels,
         sections,
         regressions,
         improvements,
@@ -384,10 +560,28 @@ fn summary(c: &Comparison) -> Vec<String> {
     }
     if let Some(h) = &c.host_shift {
         let word = if h.factor > 1.0 { "slower" } else { "faster" };
+        let kernels = match &c.kernels {
+            Some(k) if !k.changed => format!(", kernel time unchanged (x{:.2} per step)", k.ratio),
+            Some(k) => format!(", kernel time x{:.2} per step", k.ratio),
+            None => String::new(),
+        };
         out.push(format!(
-            "the whole host ran {word} (x{:.2}): {} of {} CPU sections moved by about that factor; sections are judged relative to it as well",
+            "the whole host ran {word} (x{:.2}){kernels}: {} of {} CPU sections moved by about that factor; sections are judged relative to it as well",
             h.factor, h.sections, h.of
         ));
+    } else if let Some(k) = c.kernels.as_ref().filter(|k| k.changed) {
+        out.push(format!(
+            "kernel time per step: {:.0} us -> {:.0} us (x{:.2})",
+            k.a_us_per_step, k.b_us_per_step, k.ratio
+        ));
+    }
+    if let Some(k) = &c.kernels {
+        for m in k.moved.iter().take(5) {
+            out.push(format!(
+                "kernel {} moved: {:.0} us -> {:.0} us per step",
+                m.name, m.a_us_per_step, m.b_us_per_step
+            ));
+        }
     }
     for s in &c.sections {
         let flagged_reg = is_flagged_regression(s);
@@ -401,8 +595,9 @@ fn summary(c: &Comparison) -> Vec<String> {
             (Some(r), Some(_)) => format!(", x{r:.2} relative to the host"),
             _ => String::new(),
         };
+        let side = s.side.map(|d| format!(" [{d}]")).unwrap_or_default();
         out.push(format!(
-            "{} ({}) {what}: x{:.2} [{:.2}, {:.2}], p={:.2e}{rel}",
+            "{} ({}) {what}{side}: x{:.2} [{:.2}, {:.2}], p={:.2e}{rel}",
             s.name,
             s.kind,
             s.ratio.unwrap_or(f64::NAN),

@@ -20,7 +20,7 @@ pub const UNEVEN_STEPS: f64 = 1.3;
 /// Sections named as the largest share of a step.
 pub const TOP_SECTIONS: usize = 3;
 
-fn pct(x: f64) -> String {
+pub(crate) fn pct(x: f64) -> String {
     format!("{:.0}%", x * 100.0)
 }
 
@@ -31,16 +31,25 @@ fn component(name: &str) -> &str {
 pub fn findings(b: &Breakdown) -> Vec<Finding> {
     let mut out = Vec::new();
     queue_waits(b, &mut out);
-    launch_bound(b, &mut out);
+    if b.kernels.is_some() {
+        // Kernels say what bounds the step; the CPU/GPU ratio of sections misleads when
+        // another thread (autograd's) launches a section's kernels.
+        crate::bound::bound(b, &mut out);
+    } else {
+        crate::bound::pipeline(b, &mut out);
+        launch_bound(b, &mut out);
+    }
     gpu_idle(b, &mut out);
     top_sections(b, &mut out);
     uneven_steps(b, &mut out);
-    // Diagnoses first, then what dominates; each group by share.
-    out.sort_by(|x, y| {
-        (x.rule == "top_section")
-            .cmp(&(y.rule == "top_section"))
-            .then(y.share.total_cmp(&x.share))
-    });
+    // What bounds the step first, then the other diagnoses, then what dominates; each
+    // group by share.
+    let rank = |f: &Finding| match f.rule {
+        r if crate::bound::RULES.contains(&r) => 0,
+        "top_section" => 2,
+        _ => 1,
+    };
+    out.sort_by(|x, y| rank(x).cmp(&rank(y)).then(y.share.total_cmp(&x.share)));
     out
 }
 
@@ -147,12 +156,22 @@ fn top_sections(b: &Breakdown, out: &mut Vec<Finding>) {
         if s.share < MIN_SECTION_SHARE {
             break;
         }
-        let gpu = b
-            .sections
-            .iter()
-            .find(|g| g.name == s.name && g.kind == Clock::Gpu)
-            .map(|g| format!(" (GPU {})", pct(g.share)))
-            .unwrap_or_default();
+        // With kernels, the GPU side of a section is the busy time of what it launched
+        // (a Kineto GPU annotation misses what autograd's thread launched for it).
+        let gpu = match &b.kernels {
+            Some(k) => k.sections.iter().find(|g| g.name == s.name).map(|g| {
+                format!(
+                    " (its kernels keep the GPU busy {:.0} us per step)",
+                    g.kernel_busy_us / b.steps.count.max(1) as f64
+                )
+            }),
+            None => b
+                .sections
+                .iter()
+                .find(|g| g.name == s.name && g.kind == Clock::Gpu)
+                .map(|g| format!(" (GPU {})", pct(g.share))),
+        }
+        .unwrap_or_default();
         out.push(Finding {
             rule: "top_section",
             subject: Some(s.name.clone()),

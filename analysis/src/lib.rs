@@ -6,7 +6,8 @@
 //! Owns: loading ([`load`]: a streaming scanner, parts scanned in parallel, the span,
 //! counter, flow and thread frames), the queries over them ([`queries`], the one place
 //! that speaks polars' expression API, and [`rows`], which reads their small results into
-//! structs), statistics ([`stats`]), the findings in words, rendering, plots, export, the
+//! structs), statistics ([`stats`]), the kernel view ([`kernels`]: kernels attributed
+//! to the sections that launched them), the findings in words, rendering, plots, export, the
 //! report, and synthetic traces for tests and the load benchmark ([`synth`]).
 //!
 //! May import: `chrome-trace-format` (what a `cat`, a phase, a name or a run directory's
@@ -14,11 +15,14 @@
 //! thread pool), rustc-hash. Not the trainer and not the recorder: the trace file is the
 //! only contract between the two programs.
 
+pub mod bound;
 pub mod breakdown;
 pub mod cli;
 pub mod compare;
 pub mod export;
 pub mod findings;
+pub mod hta;
+pub mod kernels;
 pub mod load;
 pub mod plot;
 pub mod queries;

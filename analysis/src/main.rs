@@ -65,7 +65,7 @@ fn color_enabled(when: ColorWhen) -> bool {
     }
 }
 
-fn load_run(path: &Path, threads: usize) -> anyhow::Result<Trace> {
+fn load_run(path: &Path, threads: usize, verbose: bool) -> anyhow::Result<Trace> {
     let trace = load::load(
         path,
         &LoadOptions {
@@ -77,6 +77,11 @@ fn load_run(path: &Path, threads: usize) -> anyhow::Result<Trace> {
     .map_err(|e: LoadError| anyhow::Error::new(e))?;
     for w in &trace.warnings {
         eprintln!("warning: {}: {w}", trace.path.display());
+    }
+    if verbose {
+        for s in &trace.stats.skipped {
+            eprintln!("skipped: {}: {s}", trace.path.display());
+        }
     }
     Ok(trace)
 }
@@ -104,7 +109,7 @@ fn prepare_dir(dir: &Path) -> anyhow::Result<PathBuf> {
 fn run() -> anyhow::Result<Outcome> {
     let cli = Cli::parse();
     let color = color_enabled(cli.color);
-    let load_run = |path: &Path| load_run(path, cli.threads);
+    let load_run = |path: &Path| load_run(path, cli.threads, cli.verbose);
     match cli.command {
         Command::Breakdown(a) => {
             let trace = load_run(&a.run)?;

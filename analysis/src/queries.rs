@@ -5,17 +5,19 @@
 use chrome_trace_format::{dflash, Clock, SpanKind};
 use polars::prelude::*;
 
-/// `kind == k` (kinds are an Enum column).
+/// `kind == k` (kinds are an Enum column). The Enum columns are compared with the text
+/// as they are: polars looks the text up once and compares codes, where a cast to
+/// `String` would build a string column of every span (a fifth of a large breakdown).
 pub fn kind_is(k: SpanKind) -> Expr {
-    col("kind").cast(DataType::String).eq(lit(k.as_str()))
+    col("kind").eq(lit(k.as_str()))
 }
 
 pub fn clock_is(c: Clock) -> Expr {
-    col("clock").cast(DataType::String).eq(lit(c.as_str()))
+    col("clock").eq(lit(c.as_str()))
 }
 
 pub fn name_is(n: &str) -> Expr {
-    col("name").cast(DataType::String).eq(lit(n))
+    col("name").eq(lit(n))
 }
 
 /// Spans that are sections: CPU or GPU timed annotations and queue operations.
@@ -60,10 +62,23 @@ pub fn step_total(spans: &DataFrame) -> PolarsResult<f64> {
     Ok(f64s(&df, "t")?.first().copied().flatten().unwrap_or(0.0))
 }
 
+/// Operators near the top of their thread (depth 2 or less: under a step, a compiled
+/// region and its compiled function; or autograd's evaluate_function and its node): what
+/// a trace without user annotations is broken down by.
+pub fn is_outer_op() -> Expr {
+    kind_is(SpanKind::Op).and(col("depth").lt_eq(lit(2u32)))
+}
+
 /// Per (name, clock): count, total, mean, p50, p95, self time, share of step time.
 pub fn sections(spans: LazyFrame, step_total: f64) -> LazyFrame {
+    sections_where(spans, step_total, is_section(), false)
+}
+
+/// [`sections`] of the spans that `which` selects; `operator` marks the rows as
+/// operators rather than user sections.
+pub fn sections_where(spans: LazyFrame, step_total: f64, which: Expr, operator: bool) -> LazyFrame {
     spans
-        .filter(is_section())
+        .filter(which)
         .group_by([
             col("name").cast(DataType::String).alias("name"),
             col("clock").cast(DataType::String).alias("kind"),
@@ -86,7 +101,10 @@ pub fn sections(spans: LazyFrame, step_total: f64) -> LazyFrame {
                 .cast(DataType::Int64)
                 .alias("steps"),
         ])
-        .with_column(ratio(col("in_step_us"), lit(step_total)).alias("share"))
+        .with_columns([
+            ratio(col("in_step_us"), lit(step_total)).alias("share"),
+            lit(operator).alias("operator"),
+        ])
         .sort(
             ["total_us", "name", "kind"],
             SortMultipleOptions::default().with_order_descending_multi([true, false, false]),

@@ -67,6 +67,12 @@ pub fn breakdown(b: &Breakdown, top: usize, color: bool) -> String {
     }
 
     sections_table(&mut out, b, top, color);
+    if let Some(why) = &b.fallback {
+        let _ = writeln!(out, "(operators added: {why})");
+    }
+    if let Some(k) = &b.kernels {
+        kernel_tables(&mut out, k, top, color);
+    }
     cpu_gpu_table(&mut out, b, top, color);
     queue_table(&mut out, b, color);
     per_step_table(&mut out, b, color);
@@ -107,6 +113,113 @@ fn sections_table(out: &mut String, b: &Breakdown, top: usize, color: bool) {
             b.sections.len() - n
         );
     }
+}
+
+/// A long C++ kernel name cut to `max` characters.
+fn short(name: &str, max: usize) -> String {
+    if name.chars().count() <= max {
+        return name.to_string();
+    }
+    let mut s: String = name.chars().take(max - 1).collect();
+    s.push('…');
+    s
+}
+
+fn kernel_tables(out: &mut String, k: &crate::kernels::KernelView, top: usize, color: bool) {
+    let take = if top == 0 { usize::MAX } else { top };
+    let streams: Vec<String> = k
+        .streams
+        .iter()
+        .map(|s| format!("GPU {} stream {}: {} ms", s.pid, s.tid, ms(s.busy_us)))
+        .collect();
+    let _ = writeln!(
+        out,
+        "\nKernels: {} on the GPU, busy {} ms ({}); host: {} launches {} ms, {} syncs {} ms, {} device allocs/frees {} ms",
+        k.kernels,
+        ms(k.gpu_busy_us),
+        streams.join(", "),
+        k.launch.calls,
+        ms(k.launch.us),
+        k.sync.calls,
+        ms(k.sync.us),
+        k.alloc.calls + k.free.calls,
+        ms(k.alloc.us + k.free.us),
+    );
+    let mut t = table(color, &["kernel", "count", "total", "mean", "share %"]);
+    for r in k.by_name.iter().take(take) {
+        t.add_row(vec![
+            Cell::new(short(&r.name, 70)),
+            Cell::new(r.count),
+            Cell::new(ms(r.total_us)),
+            Cell::new(format!("{:.1}", r.mean_us)),
+            Cell::new(pct(r.share)),
+        ]);
+    }
+    let _ = writeln!(
+        out,
+        "(times in ms, mean in us, share of all kernel time)\n{t}"
+    );
+    let h = &k.hta;
+    for t in &h.temporal {
+        let p = |x: f64| pct(x / t.window_us.max(1e-9));
+        let _ = writeln!(
+            out,
+            "GPU {}: compute {}%, non-compute {}%, idle {}% of {} ms",
+            t.pid,
+            p(t.compute_us),
+            p(t.non_compute_us),
+            p(t.idle_us),
+            ms(t.window_us)
+        );
+    }
+    for i in &h.idle {
+        let q = h.queues.iter().find(|q| (q.pid, q.tid) == (i.pid, i.tid));
+        let _ = writeln!(
+            out,
+            "  stream {}: idle host wait {} ms, kernel wait {} ms, other {} ms; queue max {}, mean {:.1}",
+            i.tid,
+            ms(i.host_wait_us),
+            ms(i.kernel_wait_us),
+            ms(i.other_us),
+            q.map_or(0, |q| q.max),
+            q.map_or(0.0, |q| q.mean)
+        );
+    }
+    let l = &h.launches;
+    let _ = writeln!(
+        out,
+        "launch delay p50 {:.1} us, p95 {:.1} us; {} of {} kernels shorter than their launch call",
+        l.delay_p50_us, l.delay_p95_us, l.short_kernels, l.kernels
+    );
+    if k.sections.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        out,
+        "\nSections on the GPU (ms; kernels by launch, autograd's through the waiting section: {} of {} kernels attributed, {} through another thread):",
+        k.attributed, k.kernels, k.via_waiting_thread
+    );
+    let mut t = table(
+        color,
+        &[
+            "section", "kernels", "busy", "gpu span", "launches", "launch", "syncs", "sync",
+            "allocs",
+        ],
+    );
+    for s in k.sections.iter().take(take) {
+        t.add_row(vec![
+            Cell::new(&s.name),
+            Cell::new(s.kernels),
+            Cell::new(ms(s.kernel_busy_us)),
+            Cell::new(ms(s.gpu_span_us)),
+            Cell::new(s.launches),
+            Cell::new(ms(s.launch_us)),
+            Cell::new(s.syncs),
+            Cell::new(ms(s.sync_us)),
+            Cell::new(s.allocs),
+        ]);
+    }
+    let _ = writeln!(out, "{t}");
 }
 
 fn cpu_gpu_table(out: &mut String, b: &Breakdown, top: usize, color: bool) {

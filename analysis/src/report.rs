@@ -89,7 +89,152 @@ fn breakdown_html(out: &mut String, trace: &Trace, b: &Breakdown) -> anyhow::Res
     out.push_str("</ol>");
     figures(out, plot::svgs(plot::run_charts(trace, b)?)?);
     breakdown_tables(out, b);
+    gpu_tables(out, b);
     Ok(())
+}
+
+fn num(x: f64, digits: usize) -> (String, bool) {
+    (format!("{x:.digits$}"), true)
+}
+
+/// Kernels, sections on the GPU, and what Holistic Trace Analysis reports for one rank.
+fn gpu_tables(out: &mut String, b: &Breakdown) {
+    if let Some(m) = &b.memory {
+        let _ = write!(
+            out,
+            "<h3>Memory</h3><p>{} allocator samples; peak allocated {:.1} MiB{}; last {:.1} MiB.</p>",
+            m.samples,
+            m.peak_allocated_bytes / 1048576.0,
+            m.peak_reserved_bytes
+                .map(|r| format!(", peak reserved {:.1} MiB", r / 1048576.0))
+                .unwrap_or_default(),
+            m.last_allocated_bytes / 1048576.0
+        );
+    }
+    let Some(k) = &b.kernels else { return };
+    let _ = write!(
+        out,
+        "<h3>Kernels</h3><p>{} kernels, GPU busy {} ms; {} of them attributed to a section \
+         ({} through the section waiting on autograd's thread).</p>",
+        k.kernels,
+        ms(k.gpu_busy_us),
+        k.attributed,
+        k.via_waiting_thread
+    );
+    let rows = k
+        .by_name
+        .iter()
+        .take(30)
+        .map(|r| {
+            vec![
+                (esc(&r.name), false),
+                (r.count.to_string(), true),
+                (ms(r.total_us), true),
+                num(r.mean_us, 1),
+                num(r.share * 100.0, 1),
+            ]
+        })
+        .collect();
+    table(
+        out,
+        &["kernel", "count", "total ms", "mean us", "share %"],
+        rows,
+    );
+    out.push_str("<h3>Sections on the GPU</h3><p>Times in ms, summed over steps.</p>");
+    let rows = k
+        .sections
+        .iter()
+        .map(|s| {
+            vec![
+                (esc(&s.name), false),
+                (s.kernels.to_string(), true),
+                (ms(s.kernel_busy_us), true),
+                (ms(s.gpu_span_us), true),
+                (s.launches.to_string(), true),
+                (ms(s.launch_us), true),
+                (s.syncs.to_string(), true),
+                (ms(s.sync_us), true),
+                (s.allocs.to_string(), true),
+            ]
+        })
+        .collect();
+    table(
+        out,
+        &[
+            "section", "kernels", "busy", "GPU span", "launches", "launch", "syncs", "sync",
+            "allocs",
+        ],
+        rows,
+    );
+    let h = &k.hta;
+    out.push_str(
+        "<h3>Temporal breakdown</h3><p>Per GPU, from its first kernel to its last; ms.</p>",
+    );
+    let rows = h
+        .temporal
+        .iter()
+        .map(|t| {
+            let pct = |x: f64| num(100.0 * x / t.window_us.max(1e-9), 1);
+            vec![
+                (t.pid.to_string(), true),
+                (ms(t.window_us), true),
+                (ms(t.compute_us), true),
+                pct(t.compute_us),
+                (ms(t.non_compute_us), true),
+                pct(t.non_compute_us),
+                (ms(t.idle_us), true),
+                pct(t.idle_us),
+            ]
+        })
+        .collect();
+    table(
+        out,
+        &[
+            "GPU",
+            "window",
+            "compute",
+            "%",
+            "non-compute",
+            "%",
+            "idle",
+            "%",
+        ],
+        rows,
+    );
+    out.push_str("<h3>Idle time and queue length per stream</h3><p>Host wait: the next kernel was launched after the previous one ended. Kernel wait: launched before, gap under 30 us. Queue: kernels launched and not finished. Times in ms.</p>");
+    let rows = h
+        .idle
+        .iter()
+        .map(|i| {
+            let q = h.queues.iter().find(|q| (q.pid, q.tid) == (i.pid, i.tid));
+            vec![
+                (format!("GPU {} stream {}", i.pid, i.tid), false),
+                (ms(i.host_wait_us), true),
+                (ms(i.kernel_wait_us), true),
+                (ms(i.other_us), true),
+                (q.map_or(0, |q| q.max).to_string(), true),
+                num(q.map_or(0.0, |q| q.mean), 1),
+            ]
+        })
+        .collect();
+    table(
+        out,
+        &[
+            "stream",
+            "host wait",
+            "kernel wait",
+            "other",
+            "queue max",
+            "queue mean",
+        ],
+        rows,
+    );
+    let l = &h.launches;
+    let _ = write!(
+        out,
+        "<h3>Kernel launches</h3><p>{} kernels with their launch: launch delay p50 {:.1} us, p95 {:.1} us, max {:.1} us; launch call p50 {:.1} us, kernel p50 {:.1} us; {} kernels shorter than their launch call.</p>",
+        l.kernels, l.delay_p50_us, l.delay_p95_us, l.delay_max_us, l.launch_p50_us, l.kernel_p50_us, l.short_kernels
+    );
 }
 
 /// The breakdown's tables: sections, CPU vs GPU, queue waits, and the per-step table.

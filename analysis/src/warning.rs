@@ -14,6 +14,9 @@ pub enum Warning {
     },
     /// Spans on one track partially overlap (out of the Chrome trace spec).
     Overlaps { count: u64 },
+    /// Events the loader could not use, skipped and counted (the list is in
+    /// `Trace::skipped`).
+    Skipped { events: u64, summary: String },
     /// No `ProfilerStep#N` spans: per-step numbers are unavailable.
     NoSteps,
     /// Fewer steps than a statistical comparison needs.
@@ -42,6 +45,7 @@ impl fmt::Display for Warning {
                 "{count} spans partially overlap a span on the same track; they were treated \
                  as siblings (self times on those tracks may be off)"
             ),
+            Warning::Skipped { summary, .. } => f.write_str(summary),
             Warning::NoSteps => write!(
                 f,
                 "no ProfilerStep#N spans: per-step tables and shares of step are empty (trace \

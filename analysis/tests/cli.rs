@@ -197,37 +197,61 @@ fn bad(file: &str, needle: &str) {
         .stderr(predicate::str::contains("panicked").not());
 }
 
+/// A trace with an event the loader cannot use: the event is skipped, the rest loads, and
+/// stderr says what was skipped in one line (and, with --verbose, the first of it).
+fn skipped(file: &str, summary: &str, first: &str) {
+    bin()
+        .args(["breakdown", "--verbose"])
+        .arg(fixture(&format!("bad/{file}")))
+        .assert()
+        .success()
+        .stderr(predicate::str::contains(format!(
+            "skipped 1 event it cannot use: 1 {summary}"
+        )))
+        .stderr(predicate::str::contains(first))
+        .stderr(predicate::str::contains("panicked").not());
+}
+
 #[test]
 fn malformed_inputs_give_clear_errors() {
+    // Not a trace at all: exit 2.
     bad("empty.json", "the file is empty");
     bad("not_json.json", "byte 0: a trace is a JSON object");
-    bad(
+    // A trace with odd events: they are skipped and counted.
+    skipped(
         "wrong_type.json",
-        "event 1 (byte 141) is not valid: field `ts` must be a number, found a string",
+        "without a usable `ts`",
+        "first: event 1, byte 87: is not usable: field `ts` must be a number, found a string",
     );
-    bad(
+    skipped(
         "negative_dur.json",
-        "event 1 (byte 87) has a negative duration (-3.5 us)",
+        "without a usable `dur`",
+        "first: event 1, byte 87: has a negative duration (-3.5 us)",
     );
-    bad(
+    skipped(
         "nan_dur.json",
-        "event 0 (byte 81) is not valid: NaN and Infinity are not JSON numbers",
+        "without a usable `dur`",
+        "first: event 0, byte 17: has a duration of NaN",
     );
-    bad(
+    skipped(
         "unknown_phase.json",
-        "event 1 (byte 87) has an unknown phase `Q`",
+        "with an unknown `ph`",
+        "first: event 1, byte 87: has an unknown phase `Q`",
     );
-    bad(
+    skipped(
         "huge_value.json",
-        "event 0 (byte 17) has a duration of 1e300 us, more than 1e12 us",
+        "without a usable `dur`",
+        "first: event 0, byte 17: has a duration of 1e300 us, more than 1e12 us",
     );
-    bad(
+    skipped(
         "huge_pid.json",
-        "event 0 (byte 17) `pid` 1e20 is not an integer in 0..2^32",
+        "with an unusable `pid`/`tid`",
+        "first: event 0, byte 17: `pid` 1e20 is not an integer in -2^32..2^32",
     );
-    bad(
+    skipped(
         "not_an_object.json",
-        "event 1 (byte 87) is not an object: found `4`",
+        "not objects",
+        "first: event 1, byte 87: is not an object: found `4`",
     );
     bin()
         .args(["breakdown", "/nonexistent/run"])

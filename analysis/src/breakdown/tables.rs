@@ -26,6 +26,10 @@ pub struct Section {
     pub top_level: bool,
     /// Steps in which the section ran.
     pub steps: u64,
+    /// An operator (Kineto `cpu_op`) shown because user sections cover little of the
+    /// steps, not a user section.
+    #[serde(default)]
+    pub operator: bool,
 }
 
 /// A section timed on both clocks.
@@ -106,7 +110,16 @@ pub struct Breakdown {
     pub queue: Vec<QueueSide>,
     pub queue_depth: Option<QueueDepth>,
     pub findings: Vec<Finding>,
+    /// Set when the sections table also holds operators (a trace whose user sections
+    /// cover little of its steps, e.g. a compiled model's): why, in words.
+    pub fallback: Option<String>,
+    /// The caching allocator over time, when the trace records it.
+    pub memory: Option<crate::hta::Memory>,
+    /// Kernels, and per section what it launched and waited for; `None` without kernels.
+    pub kernels: Option<crate::kernels::KernelView>,
     pub warnings: Vec<crate::warning::Warning>,
+    /// Events the loader skipped or did not use, by reason.
+    pub skipped: Vec<crate::load::Skipped>,
 }
 
 /// A sentence about a breakdown.

@@ -52,6 +52,10 @@ pub const SPAN_COLUMNS: &[(&str, &str)] = &[
     ("tokens", "args.tokens (drafter.step); Float32"),
     ("loss", "args.loss (drafter.step); Float64"),
     ("batch", "args.batch; Float32"),
+    (
+        "correlation",
+        "args.correlation: links a kernel to the call that launched it (Kineto); Float64",
+    ),
 ];
 
 pub(crate) struct Built {
@@ -439,7 +443,7 @@ fn side_columns(
     tracks: &[(i64, i64)],
     kind: &[SpanKind],
     clock: &[Clock],
-    args: [ArgColumn; 5],
+    args: [ArgColumn; 6],
     ctr: CounterCols,
     strings: &[&str],
 ) -> PolarsResult<Side> {

@@ -368,7 +368,12 @@ impl<'a> Cursor<'a> {
             b't' => self.literal(b"true"),
             b'f' => self.literal(b"false"),
             b'n' => self.literal(b"null"),
-            _ => self.number().map(|_| ()),
+            _ => {
+                if self.non_finite()?.is_some() {
+                    return Ok(());
+                }
+                self.number().map(|_| ())
+            }
         }
     }
 
@@ -399,10 +404,7 @@ impl<'a> Cursor<'a> {
                         return Ok(());
                     }
                 }
-                b'N' | b'I' => {
-                    self.i = i;
-                    return self.syntax("NaN and Infinity are not JSON numbers");
-                }
+                // NaN and Infinity inside a skipped value are skipped with it.
                 _ => {}
             }
             i += 1;
@@ -413,6 +415,28 @@ impl<'a> Cursor<'a> {
     /// The type of the next value, for messages; `None` when the next byte starts none.
     pub fn next_type(&mut self) -> Scan<Option<JsonType>> {
         Ok(JsonType::of(self.peek()?))
+    }
+
+    /// `NaN`, `Infinity` or `-Infinity` at the cursor (Python's json module writes them,
+    /// though JSON has no such numbers): consumed and returned; `None` (nothing consumed)
+    /// for anything else.
+    pub fn non_finite(&mut self) -> Scan<Option<f64>> {
+        self.ws();
+        let rest = &self.s[self.i..];
+        for (word, v) in [
+            (&b"NaN"[..], f64::NAN),
+            (b"Infinity", f64::INFINITY),
+            (b"-Infinity", f64::NEG_INFINITY),
+        ] {
+            if rest.starts_with(word) {
+                self.i += word.len();
+                return Ok(Some(v));
+            }
+            if rest.len() < word.len() && word.starts_with(rest) && !rest.is_empty() {
+                return Err(ScanError::Incomplete);
+            }
+        }
+        Ok(None)
     }
 }
 

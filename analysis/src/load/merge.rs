@@ -85,9 +85,6 @@ impl Raw {
             for ((pid, tid), label) in take(&mut other.thread_names) {
                 self.thread_names.insert((map.id(pid), map.id(tid)), label);
             }
-            for (ph, n) in take(&mut other.ignored) {
-                *self.ignored.entry(ph).or_default() += n;
-            }
             rows += other.span_ts.len();
             maps.push(map);
         }

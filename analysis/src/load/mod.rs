@@ -23,6 +23,7 @@ mod nesting;
 mod parser;
 mod parts;
 mod raw;
+mod skips;
 
 use std::io;
 use std::path::{Path, PathBuf};
@@ -37,6 +38,7 @@ use crate::warning::Warning;
 pub use chrome_trace_format::{Clock, SpanKind as Kind};
 pub use frames::SPAN_COLUMNS;
 pub use input::{LoadError, LoadOptions};
+pub use skips::{SkipReason, Skipped};
 
 /// What was read, for `info` and the benchmark.
 #[derive(Debug, Clone, Default, serde::Serialize)]
@@ -53,6 +55,8 @@ pub struct LoadStats {
     pub seconds: f64,
     /// Of which scanning the JSON into raw columns (the rest builds the tables).
     pub scan_seconds: f64,
+    /// Events not used, by reason (those of phases the analysis does not use included).
+    pub skipped: Vec<Skipped>,
 }
 
 /// A loaded trace.
@@ -118,6 +122,17 @@ pub fn load(input: &Path, opts: &LoadOptions) -> Result<Trace, LoadError> {
         let scan_seconds = start.elapsed().as_secs_f64();
         let run = run_label(input);
         let mut warnings = scanned.warnings;
+        if let Some(line) = skips::summary(&scanned.skips) {
+            warnings.push(Warning::Skipped {
+                events: scanned
+                    .skips
+                    .iter()
+                    .filter(|s| s.reason.is_problem())
+                    .map(|s| s.count)
+                    .sum(),
+                summary: line,
+            });
+        }
         let built =
             frames::build(scanned.raw, &run, &mut warnings).map_err(|source| LoadError::Frame {
                 path: path.clone(),
@@ -132,6 +147,7 @@ pub fn load(input: &Path, opts: &LoadOptions) -> Result<Trace, LoadError> {
             flows: built.flows.height(),
             seconds: start.elapsed().as_secs_f64(),
             scan_seconds,
+            skipped: scanned.skips,
         };
         Ok(Trace {
             run,

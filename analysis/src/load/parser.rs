@@ -13,6 +13,7 @@ use super::event::{scan_event, Event};
 use super::input::LoadError;
 use super::json::{self, Cursor, ScanError};
 use super::raw::Raw;
+use super::skips::{SkipReason, Skips};
 use crate::warning::Warning;
 
 /// What one part of the file scanned to.
@@ -22,6 +23,7 @@ pub(super) struct Part {
     pub index: u64,
     pub top: serde_json::Map<String, serde_json::Value>,
     pub warnings: Vec<Warning>,
+    pub skips: Skips,
     /// Offset in the JSON just past what was read.
     pub json_bytes: u64,
     /// The part whose first event this one stopped at; `None` at the end of the input.
@@ -44,6 +46,7 @@ pub(super) struct Parser {
     index: u64,
     top: serde_json::Map<String, serde_json::Value>,
     warnings: Vec<Warning>,
+    skips: Skips,
     /// Offsets where later parts start, with their numbers, ascending: an event that
     /// starts at one ends this part.
     pub stops: Vec<(u64, usize)>,
@@ -86,6 +89,7 @@ impl Parser {
             index: 0,
             top: serde_json::Map::new(),
             warnings: Vec::new(),
+            skips: Skips::default(),
             stops: Vec::new(),
             next_stop: 0,
             stop_at: u64::MAX,
@@ -104,6 +108,7 @@ impl Parser {
             index: self.index,
             top: self.top,
             warnings: self.warnings,
+            skips: self.skips,
             stopped: self.stopped,
         }
     }
@@ -357,12 +362,7 @@ impl Parser {
                         match scan_event(&mut c, &mut ev) {
                             Ok(()) => {
                                 if let Err(p) = self.raw.push(slice, &ev) {
-                                    return Err(LoadError::BadEvent {
-                                        path: self.path.clone(),
-                                        index: self.index,
-                                        offset: at,
-                                        what: p.0,
-                                    });
+                                    self.skips.add(p.reason, self.index, at, || p.what);
                                 }
                                 self.pos += c.i;
                                 self.index += 1;
@@ -387,12 +387,35 @@ impl Parser {
                     }
                 }
                 other => {
-                    return Err(LoadError::BadEvent {
-                        path: self.path.clone(),
-                        index: self.index,
-                        offset: self.offset(),
-                        what: format!("is not an object: found {}", json::describe_byte(other)),
-                    })
+                    let at = self.offset();
+                    loop {
+                        let mut c = Cursor::new(&self.buf[self.pos..self.end]);
+                        match c.skip_value() {
+                            Ok(()) => {
+                                self.pos += c.i;
+                                break;
+                            }
+                            Err(ScanError::Incomplete) => {
+                                if !self.fill()? {
+                                    self.truncated("an event (cut mid-event)");
+                                    return Ok(EventsEnd::Cut);
+                                }
+                            }
+                            Err(ScanError::Syntax(e)) => {
+                                let json::SyntaxError { at: rel, what } = *e;
+                                return Err(LoadError::BadEvent {
+                                    path: self.path.clone(),
+                                    index: self.index,
+                                    offset: at + rel as u64,
+                                    what: format!("is not valid: {what}"),
+                                });
+                            }
+                        }
+                    }
+                    self.skips.add(SkipReason::NotAnObject, self.index, at, || {
+                        format!("is not an object: found {}", json::describe_byte(other))
+                    });
+                    self.index += 1;
                 }
             }
         }

@@ -12,6 +12,7 @@ use rayon::prelude::*;
 use super::input::{LoadError, LoadOptions};
 use super::parser::{EventsEnd, Parser, Part};
 use super::raw::Raw;
+use super::skips::Skipped;
 use crate::warning::Warning;
 
 /// What scanning the whole file found.
@@ -20,6 +21,7 @@ pub(super) struct Scanned {
     pub events: u64,
     pub top: serde_json::Map<String, serde_json::Value>,
     pub warnings: Vec<Warning>,
+    pub skips: Vec<Skipped>,
     pub file_bytes: u64,
     pub json_bytes: u64,
 }
@@ -83,6 +85,7 @@ pub(super) fn scan(path: &Path, opts: &LoadOptions) -> Result<Scanned, LoadError
         events: acc.index,
         top: acc.top,
         warnings: acc.warnings,
+        skips: acc.skips.into_list(),
         file_bytes,
         json_bytes: acc.json_bytes,
     })
@@ -107,6 +110,7 @@ fn join_parts(
             }
         }
         acc.warnings.append(&mut next.warnings);
+        acc.skips.absorb(std::mem::take(&mut next.skips), acc.index);
         acc.index += next.index;
         acc.top.extend(next.top);
         acc.json_bytes = next.json_bytes;

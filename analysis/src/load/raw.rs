@@ -5,7 +5,9 @@
 //! offset for its message happens here.
 
 use chrome_trace_format::limits;
-use chrome_trace_format::names::STEP_ARG;
+use chrome_trace_format::names::{
+    CORRELATION_ARG, KINETO_MEMORY, MEMORY_ALLOCATED, MEMORY_RESERVED,
+};
 use chrome_trace_format::phase::KNOWN_PHASES;
 use chrome_trace_format::{dflash, FlowDir, MetaName, Phase};
 use rustc_hash::FxHashMap;
@@ -13,6 +15,7 @@ use rustc_hash::FxHashMap;
 use super::event::{ArgVal, Event, IdVal};
 use super::intern::Interner;
 use super::json::{unescape, Str};
+use super::skips::SkipReason;
 
 /// The args the analyzer keeps as span columns, by their key in the trace. `args.step`
 /// is read too, into the step column (see [`Raw::span_step`]); other args are skipped.
@@ -23,6 +26,8 @@ pub(crate) enum ArgKey {
     Tokens,
     Loss,
     Batch,
+    /// Kineto's launch-to-kernel link.
+    Correlation,
 }
 
 /// What an `args` key is to the loader.
@@ -34,12 +39,13 @@ enum ArgUse {
 impl ArgKey {
     /// In declaration order (so `ALL[k].index() == k`), which is also the order of the
     /// arg columns in the span table.
-    pub const ALL: [ArgKey; 5] = [
+    pub const ALL: [ArgKey; 6] = [
         ArgKey::WaitUs,
         ArgKey::Depth,
         ArgKey::Tokens,
         ArgKey::Loss,
         ArgKey::Batch,
+        ArgKey::Correlation,
     ];
 
     /// The key in `args`.
@@ -50,6 +56,7 @@ impl ArgKey {
             ArgKey::Tokens => dflash::args::TOKENS,
             ArgKey::Loss => dflash::args::LOSS,
             ArgKey::Batch => dflash::args::BATCH,
+            ArgKey::Correlation => CORRELATION_ARG,
         }
     }
 
@@ -82,6 +89,9 @@ impl ArgUse {
             [b't', b'o', b'k', b'e', b'n', b's'] => ArgUse::Column(ArgKey::Tokens),
             [b'l', b'o', b's', b's'] => ArgUse::Column(ArgKey::Loss),
             [b'b', b'a', b't', b'c', b'h'] => ArgUse::Column(ArgKey::Batch),
+            [b'c', b'o', b'r', b'r', b'e', b'l', b'a', b't', b'i', b'o', b'n'] => {
+                ArgUse::Column(ArgKey::Correlation)
+            }
             _ => return None,
         })
     }
@@ -90,11 +100,21 @@ impl ArgUse {
 /// Limits past which a value is taken as corrupt rather than as data.
 pub(crate) const MAX_ABS_TS_US: f64 = 9_007_199_254_740_992.0; // 2^53 us: beyond f64's integer range
 pub(crate) const MAX_DUR_US: f64 = 1e12; // about 11.6 days
-const MAX_ID: f64 = limits::MAX_ID as f64; // pid/tid below 2^32, as Perfetto requires
+const MAX_ID: f64 = limits::MAX_ID as f64; // |pid|, |tid| below 2^32
 const MAX_FLOW_ID: f64 = limits::MAX_FLOW_ID as f64; // flow ids below 2^53
 
 /// A message about one event, before the loader adds path, index and offset.
-pub(crate) struct EventProblem(pub String);
+pub(crate) struct EventProblem {
+    pub reason: SkipReason,
+    pub what: String,
+}
+
+fn problem(reason: SkipReason, what: impl Into<String>) -> EventProblem {
+    EventProblem {
+        reason,
+        what: what.into(),
+    }
+}
 
 /// `flow_span` of a flow end that belongs to no span.
 pub(crate) const NO_SPAN: u32 = u32::MAX;
@@ -145,7 +165,7 @@ pub(crate) struct Raw {
     /// in place from it.
     pub span_step: Vec<i64>,
     /// By [`ArgKey`] index.
-    pub span_args: [ArgColumn; 5],
+    pub span_args: [ArgColumn; 6],
 
     pub ctr_pid: Vec<i64>,
     pub ctr_name: Vec<u32>,
@@ -164,8 +184,6 @@ pub(crate) struct Raw {
 
     pub process_names: FxHashMap<i64, String>,
     pub thread_names: FxHashMap<(i64, i64), String>,
-    /// Events of phases the analyzer does not use, by phase.
-    pub ignored: FxHashMap<u8, u64>,
 }
 
 /// A number as a message shows it: huge ones in exponent form.
@@ -178,11 +196,12 @@ fn shown(v: f64) -> String {
 }
 
 fn num_id(v: f64, field: &str) -> Result<i64, EventProblem> {
-    if v.fract() != 0.0 || !(0.0..MAX_ID).contains(&v) {
-        return Err(EventProblem(format!(
-            "`{field}` {} is not an integer in 0..2^32",
-            shown(v)
-        )));
+    // Negative ids are real: Kineto writes CUPTI's overhead records with `pid` -1.
+    if v.fract() != 0.0 || !(-MAX_ID..MAX_ID).contains(&v) {
+        return Err(problem(
+            SkipReason::BadId,
+            format!("`{field}` {} is not an integer in -2^32..2^32", shown(v)),
+        ));
     }
     Ok(v as i64)
 }
@@ -227,8 +246,11 @@ impl Raw {
 
     /// Validates `ev` (ranges into `s`) and appends it to the columns.
     pub fn push(&mut self, s: &[u8], ev: &Event) -> Result<(), EventProblem> {
+        if let Some((reason, what)) = &ev.problem {
+            return Err(problem(*reason, format!("is not usable: {what}")));
+        }
         let Some(ph) = ev.ph else {
-            return Err(EventProblem("has no `ph` (phase)".into()));
+            return Err(problem(SkipReason::NoPhase, "has no `ph` (phase)"));
         };
         let ph_raw = &s[ph.range()];
         let phase = match ph_raw {
@@ -238,11 +260,14 @@ impl Raw {
         let phase = match phase {
             Some(p) => p,
             None => {
-                return Err(EventProblem(format!(
-                    "has an unknown phase `{}`; the Chrome trace format knows {}",
-                    String::from_utf8_lossy(ph_raw),
-                    String::from_utf8_lossy(KNOWN_PHASES)
-                )))
+                return Err(problem(
+                    SkipReason::UnknownPhase,
+                    format!(
+                        "has an unknown phase `{}`; the Chrome trace format knows {}",
+                        String::from_utf8_lossy(ph_raw),
+                        String::from_utf8_lossy(KNOWN_PHASES)
+                    ),
+                ))
             }
         };
         match phase {
@@ -252,22 +277,32 @@ impl Raw {
             Phase::FlowStart | Phase::FlowStep | Phase::FlowEnd => {
                 self.push_flow_event(s, ev, phase)
             }
-            Phase::Other(other) => {
-                *self.ignored.entry(other).or_default() += 1;
-                Ok(())
+            Phase::Other(b'i')
+                if ev
+                    .name
+                    .is_some_and(|n| &s[n.range()] == KINETO_MEMORY.as_bytes()) =>
+            {
+                self.push_memory(s, ev)
             }
+            Phase::Other(other) => Err(problem(
+                SkipReason::UnusedPhase,
+                format!("phase `{}`", other as char),
+            )),
         }
     }
 
     fn ts(ev: &Event) -> Result<f64, EventProblem> {
         let Some(ts) = ev.ts else {
-            return Err(EventProblem("has no `ts`".into()));
+            return Err(problem(SkipReason::BadTimestamp, "has no `ts`"));
         };
-        if ts.abs() > MAX_ABS_TS_US {
-            return Err(EventProblem(format!(
-                "`ts` {} is out of range (|ts| must stay below 2^53 us)",
-                shown(ts)
-            )));
+        if ts.is_nan() || ts.abs() > MAX_ABS_TS_US {
+            return Err(problem(
+                SkipReason::BadTimestamp,
+                format!(
+                    "`ts` {} is out of range (|ts| must stay below 2^53 us)",
+                    shown(ts)
+                ),
+            ));
         }
         Ok(ts)
     }
@@ -275,22 +310,33 @@ impl Raw {
     fn push_span(&mut self, s: &[u8], ev: &Event) -> Result<(), EventProblem> {
         let ts = Self::ts(ev)?;
         let Some(dur) = ev.dur else {
-            return Err(EventProblem(
-                "is a complete event (`X`) without `dur`".into(),
+            return Err(problem(
+                SkipReason::BadDuration,
+                "is a complete event (`X`) without `dur`",
             ));
         };
+        if dur.is_nan() {
+            return Err(problem(SkipReason::BadDuration, "has a duration of NaN"));
+        }
         if dur < 0.0 {
-            return Err(EventProblem(format!("has a negative duration ({dur} us)")));
+            return Err(problem(
+                SkipReason::BadDuration,
+                format!("has a negative duration ({dur} us)"),
+            ));
         }
         if dur > MAX_DUR_US {
-            return Err(EventProblem(format!(
-                "has a duration of {} us, more than 1e12 us (11 days)",
-                shown(dur)
-            )));
+            return Err(problem(
+                SkipReason::BadDuration,
+                format!(
+                    "has a duration of {} us, more than 1e12 us (11 days)",
+                    shown(dur)
+                ),
+            ));
         }
         let Some(name) = ev.name else {
-            return Err(EventProblem(
-                "is a complete event (`X`) without `name`".into(),
+            return Err(problem(
+                SkipReason::NoName,
+                "is a complete event (`X`) without `name`",
             ));
         };
         let pid = self.id(s, ev.pid, "pid")?;
@@ -309,40 +355,32 @@ impl Raw {
             Some(c) => self.text(s, c),
             None => self.strings.intern(b"", false),
         };
+        // Checked before anything is written at `row`: a skipped event leaves no trace.
+        let flow = match ev.bind_id {
+            Some(b) if ev.flow_in || ev.flow_out => Some(Self::flow_id_num(b)?),
+            _ => None,
+        };
         let mut step = NO_STEP;
         for &(k, v) in &ev.args {
             let Some(which) = ArgUse::of_key(&s[k.range()]) else {
                 continue;
             };
-            let x = match v {
-                ArgVal::Num(x) => x,
-                ArgVal::Str(_) => {
-                    let key = match which {
-                        ArgUse::Step => STEP_ARG,
-                        ArgUse::Column(c) => c.key(),
-                    };
-                    return Err(EventProblem(format!(
-                        "`args.{key}` must be a number, found a string"
-                    )));
-                }
-            };
+            // A string where a number belongs (a hand-edited file) reads as absent.
+            let ArgVal::Num(x) = v else { continue };
             match which {
                 ArgUse::Step => step = x as i64,
                 ArgUse::Column(c) => self.span_args[c.index()].set(row, x),
             }
         }
-        if let Some(b) = ev.bind_id {
-            if ev.flow_in || ev.flow_out {
-                let id = Self::flow_id_num(b)?;
-                for (flag, dir) in [(ev.flow_out, FlowDir::Out), (ev.flow_in, FlowDir::In)] {
-                    if flag {
-                        self.flow_id.push(id);
-                        self.flow_dir.push(dir as u8);
-                        self.flow_pid.push(pid);
-                        self.flow_tid.push(tid);
-                        self.flow_ts.push(ts);
-                        self.flow_span.push(row);
-                    }
+        if let Some(id) = flow {
+            for (flag, dir) in [(ev.flow_out, FlowDir::Out), (ev.flow_in, FlowDir::In)] {
+                if flag {
+                    self.flow_id.push(id);
+                    self.flow_dir.push(dir as u8);
+                    self.flow_pid.push(pid);
+                    self.flow_tid.push(tid);
+                    self.flow_ts.push(ts);
+                    self.flow_span.push(row);
                 }
             }
         }
@@ -357,18 +395,43 @@ impl Raw {
 
     fn flow_id_num(b: f64) -> Result<u64, EventProblem> {
         if b.fract() != 0.0 || !(0.0..MAX_FLOW_ID).contains(&b) {
-            return Err(EventProblem(format!(
-                "flow id {} is not an integer in 0..2^53",
-                shown(b)
-            )));
+            return Err(problem(
+                SkipReason::BadFlowId,
+                format!("flow id {} is not an integer in 0..2^53", shown(b)),
+            ));
         }
         Ok(b as u64)
+    }
+
+    /// Kineto's `[memory]` instant event: the allocator's totals as counter samples.
+    fn push_memory(&mut self, s: &[u8], ev: &Event) -> Result<(), EventProblem> {
+        let ts = Self::ts(ev)?;
+        let pid = self.id(s, ev.pid, "pid")?;
+        let name = self.strings.intern(KINETO_MEMORY.as_bytes(), false);
+        for &(k, v) in &ev.args {
+            let key = &s[k.range()];
+            if key != MEMORY_ALLOCATED.as_bytes() && key != MEMORY_RESERVED.as_bytes() {
+                continue;
+            }
+            if let ArgVal::Num(x) = v {
+                let key = self.text(s, k);
+                self.ctr_pid.push(pid);
+                self.ctr_name.push(name);
+                self.ctr_key.push(key);
+                self.ctr_ts.push(ts);
+                self.ctr_value.push(x);
+            }
+        }
+        Ok(())
     }
 
     fn push_counter(&mut self, s: &[u8], ev: &Event) -> Result<(), EventProblem> {
         let ts = Self::ts(ev)?;
         let Some(name) = ev.name else {
-            return Err(EventProblem("is a counter (`C`) without `name`".into()));
+            return Err(problem(
+                SkipReason::NoName,
+                "is a counter (`C`) without `name`",
+            ));
         };
         let pid = self.id(s, ev.pid, "pid")?;
         let name = self.text(s, name);
@@ -416,7 +479,12 @@ impl Raw {
     fn push_flow_event(&mut self, s: &[u8], ev: &Event, phase: Phase) -> Result<(), EventProblem> {
         let ts = Self::ts(ev)?;
         let id = match ev.id {
-            IdVal::Missing => return Err(EventProblem("is a flow event without `id`".into())),
+            IdVal::Missing => {
+                return Err(problem(
+                    SkipReason::BadFlowId,
+                    "is a flow event without `id`",
+                ))
+            }
             IdVal::Num(n) => Self::flow_id_num(n)?,
             // Hex strings ("0x1f") are how some writers spell flow ids.
             IdVal::Str(st) => {
@@ -449,6 +517,7 @@ impl Raw {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use chrome_trace_format::names::STEP_ARG;
 
     #[test]
     fn arg_patterns_spell_the_format_keys() {

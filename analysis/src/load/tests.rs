@@ -289,21 +289,43 @@ fn parts_of_a_truncated_trace() {
 }
 
 #[test]
-fn parts_report_the_first_error_with_its_global_index() {
+fn parts_count_skipped_events_with_their_global_index() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("t.json");
     let t = tricky_trace(300);
-    // Two bad events late in the file: the first one is reported.
+    // Two bad events late in the file: both skipped, the first one named.
     let mut bad = t.clone();
     let at = bad.rfind("\"dur\":1.0").unwrap();
     bad.replace_range(at..at + 9, "\"dur\":-1.0");
     let at = bad[..at].rfind("\"dur\":1.0").unwrap();
     bad.replace_range(at..at + 9, "\"dur\":\"x\"");
     std::fs::write(&path, &bad).unwrap();
-    let one = load_with(&path, 1).err().unwrap().to_string();
-    assert!(one.contains("event "), "{one}");
+    let good = dir.path().join("good.json");
+    std::fs::write(&good, &t).unwrap();
+    let spans = load_with(&good, 1).unwrap().spans.height();
+    let one = load_with(&path, 1).unwrap();
+    assert_eq!(one.spans.height(), spans - 2);
+    let skipped = &one.stats.skipped;
+    let dur = skipped
+        .iter()
+        .find(|s| s.reason == SkipReason::BadDuration)
+        .unwrap();
+    assert_eq!(dur.count, 2);
+    assert!(
+        dur.example.contains("field `dur` must be a number"),
+        "{skipped:?}"
+    );
+    // The event index counts from the start of the file, as a one-part scan sees it.
+    let index = bad[..at].matches("\"ph\"").count() as u64 - 1;
+    assert_eq!(dur.first_event, index);
+    // The other skips are the instant events the trace holds, unused.
+    let instants = bad.matches("\"ph\":\"i\"").count() as u64;
+    assert!(skipped.iter().all(|s| s.reason == SkipReason::BadDuration
+        || (s.reason == SkipReason::UnusedPhase && s.count == instants)));
     for threads in 2..=9 {
-        assert_eq!(load_with(&path, threads).err().unwrap().to_string(), one);
+        let many = load_with(&path, threads).unwrap();
+        assert_eq!(&many.stats.skipped, skipped, "{threads} threads");
+        assert_eq!(many.spans.height(), spans - 2);
     }
 }
 

@@ -11,6 +11,8 @@
 //!   metadata names, flow directions; [`limits`]);
 //! - the file around the events ([`header`]: top-level keys, `metadata` keys and values)
 //!   and its tracks ([`tracks`]: pids of the trainer and the GPUs, their names and order);
+//! - what a CUDA runtime or driver call does to the step ([`cuda_api`]: launch, sync,
+//!   allocation);
 //! - well-known names ([`names`]: `ProfilerStep#N`; [`dflash`]: the trainer's sections,
 //!   envelopes, the `queue.` prefix, the queue counter, argument keys);
 //! - the run directory's files ([`run_dir`]);
@@ -26,6 +28,7 @@
 //! struct in [`event`] if it has a shape of its own, and one [`EventWriter`] method.
 
 pub mod category;
+pub mod cuda_api;
 pub mod dflash;
 pub mod event;
 pub mod header;

@@ -22,6 +22,19 @@ pub fn parse_step(name: &str) -> Option<i64> {
 pub const STEP_ARG: &str = "step";
 /// `args.cpu_ts` of a GPU span: the `ts` of its CPU span.
 pub const CPU_TS_ARG: &str = "cpu_ts";
+/// `args.correlation` of a kernel, memcpy or memset and of the runtime or driver call
+/// that launched it (CUPTI's correlation id, as Kineto writes it): the launch-to-kernel
+/// link.
+pub const CORRELATION_ARG: &str = "correlation";
+
+/// Kineto's allocator records (`profile_memory=True`): instant events of this name whose
+/// args carry the allocator's totals after each allocation or free. A reader takes them
+/// as counter samples.
+pub const KINETO_MEMORY: &str = "[memory]";
+/// Bytes handed out to tensors, after the event.
+pub const MEMORY_ALLOCATED: &str = "Total Allocated";
+/// Bytes the caching allocator holds from the device, after the event.
+pub const MEMORY_RESERVED: &str = "Total Reserved";
 
 #[cfg(test)]
 mod tests {

@@ -1,0 +1,339 @@
+//! What bounds a step, for traces with kernels: the GPU (a stream busy most of the step),
+//! the host's launches (many short kernels, each launch longer than the kernel), host
+//! syncs (the host waits, the GPU idles between), the allocator (device allocations and
+//! frees inside the step) or the input (a section that launches nothing while the GPU
+//! idles). One finding, the bound with the largest share, with its evidence in numbers.
+
+use chrome_trace_format::{dflash, Clock};
+
+use crate::breakdown::tables::{Breakdown, Finding};
+use crate::findings::pct;
+use crate::kernels::KernelView;
+
+/// The GPU busy this share of the step time or more bounds the step.
+pub const GPU_BOUND_BUSY: f64 = 0.8;
+/// Host syncs that wait this share of the step time or more, while the GPU is not busy
+/// enough to bound it.
+pub const SYNC_BOUND_SHARE: f64 = 0.25;
+/// Device allocations and frees taking this share of the step time or more.
+pub const ALLOC_BOUND_SHARE: f64 = 0.15;
+/// Launch calls taking this share of the step time or more...
+pub const LAUNCH_BOUND_SHARE: f64 = 0.3;
+/// ... while a kernel lasts less than this many times a launch call, on average.
+pub const LAUNCH_OVER_KERNEL: f64 = 2.0;
+/// A top-level section that launches (almost) nothing and takes this share of the step.
+pub const INPUT_BOUND_SHARE: f64 = 0.3;
+/// ... "almost nothing": launches, syncs and its kernels below this share of its time.
+pub const INPUT_GPU_SHARE: f64 = 0.1;
+/// Syncs this frequent (per step) with this few kernels between two of them drain the
+/// GPU's queue again and again: the idle GPU is theirs.
+pub const FREQUENT_SYNCS: f64 = 20.0;
+pub const KERNELS_PER_SYNC: f64 = 10.0;
+/// The GPU idle this share of the step or more, with no other bound standing out: the
+/// host bounds the step.
+pub const HOST_BOUND_IDLE: f64 = 0.2;
+
+/// The rules of this module, named by the bound they find.
+pub const RULES: [&str; 6] = [
+    "gpu_bound",
+    "sync_bound",
+    "allocator_bound",
+    "launch_bound",
+    "input_bound",
+    "host_bound",
+];
+
+/// A candidate bound: rule, share of step time, text.
+type Candidate = (&'static str, f64, String);
+
+fn per_step(x: f64, steps: f64) -> f64 {
+    x / steps
+}
+
+/// The CPU sections that no other section encloses (envelopes and queue waits aside).
+fn outer_cpu<'a>(
+    b: &'a Breakdown,
+    k: &'a KernelView,
+) -> impl Iterator<Item = &'a crate::breakdown::Section> {
+    b.sections.iter().filter(|s| {
+        s.kind == Clock::Cpu
+            && !s.operator
+            && k.outer_sections.contains(&s.name)
+            && !dflash::is_queue(&s.name)
+            && !dflash::ENVELOPES.contains(&s.name.as_str())
+            && s.share.is_finite()
+    })
+}
+
+/// The longest outer CPU section that launched almost no GPU work and waited for none.
+fn idle_input<'a>(b: &'a Breakdown, k: &'a KernelView) -> Option<(&'a str, f64)> {
+    outer_cpu(b, k)
+        .filter(|s| {
+            let g = k.sections.iter().find(|g| g.name == s.name);
+            g.is_none_or(|g| {
+                g.launch_us + g.sync_us + g.alloc_us + g.kernel_busy_us
+                    < INPUT_GPU_SHARE * s.total_us
+            })
+        })
+        .filter(|s| s.share.is_finite())
+        .max_by(|x, y| x.share.total_cmp(&y.share))
+        .map(|s| (s.name.as_str(), s.share))
+}
+
+/// Pushes the finding that names the step's bound, when one stands out.
+pub fn bound(b: &Breakdown, out: &mut Vec<Finding>) {
+    let Some(k) = &b.kernels else { return };
+    let total = b.steps.total_us;
+    if total <= 0.0 || b.steps.count == 0 {
+        return;
+    }
+    let steps = b.steps.count as f64;
+    let share = |us: f64| (us / total).min(1.0);
+    // What the steps launched keeps the GPU busy this long (it runs behind the host, so
+    // not the busy time inside each step's window).
+    let busy = if k.step_busy_us > 0.0 {
+        share(k.step_busy_us)
+    } else {
+        b.steps
+            .gpu_idle_share
+            .map(|idle| 1.0 - idle)
+            .unwrap_or_else(|| share(k.gpu_busy_us))
+    }
+    .clamp(0.0, 1.0);
+    let idle = 1.0 - busy;
+    let mean_kernel = k.kernel_us / k.kernels.max(1) as f64;
+    let mean_launch = k.launch.us / k.launch.calls.max(1) as f64;
+
+    let chosen: Option<Candidate> = if busy >= GPU_BOUND_BUSY {
+        let streams: Vec<String> = k
+            .streams
+            .iter()
+            .take(3)
+            .map(|s| {
+                format!(
+                    "GPU {} stream {} {:.2} ms",
+                    s.pid,
+                    s.tid,
+                    per_step(s.busy_us, steps) / 1000.0
+                )
+            })
+            .collect();
+        Some((
+            "gpu_bound",
+            busy,
+            format!(
+                "GPU-bound: the work each step launches keeps the GPU busy {} of the step time (busy per step: {}; {:.0} kernels per step, {:.0} us each on average); the host waits for it, so faster kernels (or less work) speed the step up",
+                pct(busy),
+                streams.join(", "),
+                per_step(k.kernels as f64, steps),
+                mean_kernel
+            ),
+        ))
+    } else {
+        let mut c: Vec<Candidate> = Vec::new();
+        let sync = share(k.sync.us);
+        let syncs = per_step(k.sync.calls as f64, steps);
+        let draining =
+            syncs >= FREQUENT_SYNCS && (k.kernels as f64) < KERNELS_PER_SYNC * k.sync.calls as f64;
+        if sync >= SYNC_BOUND_SHARE || draining {
+            c.push((
+                "sync_bound",
+                if draining { sync.max(idle) } else { sync },
+                format!(
+                    "sync-bound: {:.0} host syncs per step ({:.1} kernels between two) wait {:.0} us per step ({} of the step) and the GPU is idle {} of it; each sync drains the GPU's queue (`.item()`, `.cpu()`, `torch.cuda.synchronize()`)",
+                    syncs,
+                    k.kernels as f64 / k.sync.calls.max(1) as f64,
+                    per_step(k.sync.us, steps),
+                    pct(sync),
+                    pct(idle)
+                ),
+            ));
+        }
+        let alloc = share(k.alloc.us + k.free.us);
+        if alloc >= ALLOC_BOUND_SHARE {
+            c.push((
+                "allocator_bound",
+                alloc,
+                format!(
+                    "allocator-bound: {:.0} device allocations and frees per step take {:.0} us per step ({} of the step); the caching allocator goes to cudaMalloc/cudaFree (`empty_cache()`, fragmentation, changing shapes)",
+                    per_step((k.alloc.calls + k.free.calls) as f64, steps),
+                    per_step(k.alloc.us + k.free.us, steps),
+                    pct(alloc)
+                ),
+            ));
+        }
+        let launch = share(k.launch.us);
+        if launch >= LAUNCH_BOUND_SHARE && mean_kernel < LAUNCH_OVER_KERNEL * mean_launch {
+            c.push((
+                "launch_bound",
+                launch,
+                format!(
+                    "launch-bound: {:.0} launches per step take {:.0} us of host time per step ({} of the step); kernels last {:.1} us on average against {:.1} us per launch, so the GPU is idle {} of the step (fuse kernels, CUDA graphs, torch.compile)",
+                    per_step(k.launch.calls as f64, steps),
+                    per_step(k.launch.us, steps),
+                    pct(launch),
+                    mean_kernel,
+                    mean_launch,
+                    pct(idle)
+                ),
+            ));
+        }
+        if let Some((name, s)) = idle_input(b, k) {
+            if s >= INPUT_BOUND_SHARE {
+                c.push((
+                    "input_bound",
+                    s,
+                    format!(
+                        "input-bound: {name} takes {} of the step time and launches no GPU work; the GPU is idle {} of the step (prefetch the input, more loader workers, pinned memory)",
+                        pct(s),
+                        pct(idle)
+                    ),
+                ));
+            }
+        }
+        if c.is_empty() && idle >= HOST_BOUND_IDLE {
+            c.push(host_heavy(b, k).unwrap_or_else(|| host_overall(b, k, idle)));
+        }
+        c.into_iter().max_by(|x, y| x.1.total_cmp(&y.1))
+    };
+    if let Some((rule, share, text)) = chosen {
+        out.push(Finding {
+            rule,
+            subject: None,
+            share,
+            text,
+        });
+    }
+}
+
+/// The outer section whose host time most exceeds the GPU work it launched, as the
+/// host-bound candidate.
+fn host_heavy(b: &Breakdown, k: &KernelView) -> Option<Candidate> {
+    let steps = b.steps.count.max(1) as f64;
+    let total = b.steps.total_us;
+    let (s, g, excess) = outer_cpu(b, k)
+        .map(|s| {
+            let g = k.sections.iter().find(|g| g.name == s.name);
+            let busy = g.map_or(0.0, |g| g.kernel_busy_us);
+            (s, g, s.total_us - busy)
+        })
+        .max_by(|x, y| x.2.total_cmp(&y.2))?;
+    let share = (excess / total).min(1.0);
+    if share < HOST_BOUND_IDLE {
+        return None;
+    }
+    Some((
+        "host_bound",
+        share,
+        format!(
+            "host-bound: {} takes {:.0} us per step on the CPU but its kernels keep the GPU busy only {:.0} us ({} launches, {} syncs per step); the host, not the GPU, sets the pace (Python and operator overhead: torch.compile, CUDA graphs, larger kernels)",
+            s.name,
+            s.total_us / steps,
+            g.map_or(0.0, |g| g.kernel_busy_us) / steps,
+            g.map_or(0.0, |g| g.launches as f64 / steps).round(),
+            g.map_or(0.0, |g| g.syncs as f64 / steps).round(),
+        ),
+    ))
+}
+
+/// The host-bound candidate when no user section stands out (a compiled model): the idle
+/// GPU and what the host spends per step, with the longest outer operator.
+fn host_overall(b: &Breakdown, k: &KernelView, idle: f64) -> Candidate {
+    let steps = b.steps.count.max(1) as f64;
+    let op = b
+        .sections
+        .iter()
+        .filter(|s| s.operator && s.kind == Clock::Cpu && s.top_level)
+        .max_by(|x, y| x.total_us.total_cmp(&y.total_us))
+        .map(|s| {
+            format!(
+                "; the longest outer operator is {} ({:.0} us per step)",
+                s.name,
+                s.total_us / steps
+            )
+        })
+        .unwrap_or_default();
+    (
+        "host_bound",
+        idle,
+        format!(
+            "host-bound: the GPU is idle {} of the step while the host issues {:.0} launches per step ({:.0} us in launch calls) and {:.1} syncs ({:.0} us){op}; the host, not the GPU, sets the pace (CUDA graphs, fewer and larger kernels)",
+            pct(idle),
+            per_step(k.launch.calls as f64, steps),
+            per_step(k.launch.us, steps),
+            per_step(k.sync.calls as f64, steps),
+            per_step(k.sync.us, steps),
+        ),
+    )
+}
+
+/// For a pipelined run without kernels in its trace (dflash's: target and drafter on
+/// their own threads and streams, joined by the queue): which side is on the critical
+/// path, and whether its GPU stream or its host work bounds it. The drafter is on it
+/// unless it waits on the queue for input (then the target is).
+pub fn pipeline(b: &Breakdown, out: &mut Vec<Finding>) {
+    let side_of = |n: &str| {
+        b.queue
+            .iter()
+            .find(|q| q.name == n)
+            .map_or(0.0, |q| q.share)
+    };
+    if b.queue.is_empty() || b.steps.total_us <= 0.0 {
+        return;
+    }
+    let (get, put) = (side_of(dflash::QUEUE_GET), side_of(dflash::QUEUE_PUT));
+    let side = if get >= crate::findings::QUEUE_WAIT_SHARE && get >= put {
+        "target"
+    } else {
+        "drafter"
+    };
+    let of_side = |clock: Clock| -> f64 {
+        b.sections
+            .iter()
+            .filter(|s| s.kind == clock && s.top_level && s.share.is_finite())
+            .filter(|s| !dflash::is_queue(&s.name) && !dflash::ENVELOPES.contains(&s.name.as_str()))
+            .filter(|s| s.name.split('.').next() == Some(side))
+            .map(|s| s.share)
+            .sum::<f64>()
+            .min(1.0)
+    };
+    let (gpu, cpu) = (of_side(Clock::Gpu), of_side(Clock::Cpu));
+    let why = format!(
+        "the {side} is on the critical path (the drafter waits on the queue {} of the step, the target on a full queue {})",
+        pct(get),
+        pct(put)
+    );
+    let idle = b
+        .steps
+        .gpu_idle_share
+        .map(|i| format!("; the GPU is idle {} of the step", pct(i)))
+        .unwrap_or_default();
+    let (rule, share, text) = if gpu >= GPU_BOUND_BUSY {
+        (
+            "gpu_bound",
+            gpu,
+            format!(
+                "GPU-bound on the {side}'s stream: {why}, and its GPU sections take {} of the step{idle}",
+                pct(gpu)
+            ),
+        )
+    } else if cpu > 0.0 {
+        (
+            "host_bound",
+            cpu,
+            format!(
+                "host-bound on the {side} side: {why}; its GPU sections take {} of the step, its CPU sections {}{idle}",
+                pct(gpu),
+                pct(cpu)
+            ),
+        )
+    } else {
+        return;
+    };
+    out.push(Finding {
+        rule,
+        subject: Some(side.to_string()),
+        share,
+        text,
+    });
+}
