@@ -26,8 +26,8 @@
 //! Modules, each importing only those listed before it: `state` (the process-wide
 //! switches and counters), `clock`, `cost`, `backend`, `names`, `event`, `ring`, `nest`,
 //! `sink`, `calib` (calibrations, reuse window), `holds` (each thread's GPU events),
-//! `thread` (the registry of threads), `span` (the hot path), `resolve` (placing GPU
-//! spans), `stats`, `writer` (the writer thread), `recorder` (the handle), `mock`.
+//! `thread` (the registry of threads), `span` (the hot path), `external` (what a caller
+//! adding events at the end is told), `resolve` (placing GPU spans), `stats`, `writer` (the writer thread), `recorder` (the handle), `mock`.
 //!
 //! ```no_run
 //! use trace_recorder::{self as trace, Recorder, RecorderConfig};
@@ -61,6 +61,7 @@ mod thread;
 
 mod span;
 
+mod external;
 mod resolve;
 mod stats;
 mod writer;
@@ -76,6 +77,7 @@ pub use cost::{
     GpuTimingCost, COST_BUCKETS as SPAN_COST_BUCKETS, COST_BUCKET_NS as SPAN_COST_BUCKET_NS,
 };
 pub use event::MAX_ARGS;
+pub use external::{clock_ns, Appender, FinishView, PlacedGpuSpan, TraceThread};
 pub use mock::MockGpu;
 pub use names::{intern, Name};
 pub use recorder::{DistributedInfo, Recorder, RecorderConfig, TraceError};

@@ -14,6 +14,7 @@ use chrome_trace_format::{DeviceEntry, Header};
 use crate::backend::GpuBackend;
 use crate::calib;
 use crate::clock::{clock, Timebase};
+use crate::external::Appender;
 use crate::holds;
 use crate::resolve::Resolver;
 use crate::sink::Out;
@@ -63,6 +64,9 @@ pub struct RecorderConfig {
     /// Whether spans record from the start (else from the first `set_active(true)`).
     /// Default true.
     pub active: bool,
+    /// Keep every GPU span written and each thread's OS id, for an [`Appender`] given
+    /// to [`Recorder::finish_with`]. Default false.
+    pub keep_gpu_spans: bool,
 }
 
 impl Default for RecorderConfig {
@@ -76,6 +80,7 @@ impl Default for RecorderConfig {
             process_name: "trainer".into(),
             distributed: DistributedInfo::default(),
             active: true,
+            keep_gpu_spans: false,
         }
     }
 }
@@ -151,6 +156,7 @@ impl Recorder {
             flush_interval: cfg.flush_interval.max(Duration::from_millis(1)),
             resolver: cfg.gpu.clone().map(Resolver::new),
             stats: stats.clone(),
+            keep_gpu_spans: cfg.keep_gpu_spans,
         });
         writer.process_meta(&cfg.process_name);
         let (tx, rx) = mpsc::channel();
@@ -207,16 +213,23 @@ impl Recorder {
     /// Stops recording, writes the remaining events (waiting up to 2 s for outstanding
     /// GPU spans), closes the `traceEvents` array and the file.
     pub fn finish(mut self) -> Result<Summary, TraceError> {
-        self.finish_inner()
+        self.finish_inner(None)
     }
 
-    fn finish_inner(&mut self) -> Result<Summary, TraceError> {
+    /// [`finish`](Self::finish), with `append` writing events of the caller's own into
+    /// the file after the last GPU span and before the file is closed (on the writer
+    /// thread; see [`FinishView`](crate::FinishView)).
+    pub fn finish_with(mut self, append: Appender) -> Result<Summary, TraceError> {
+        self.finish_inner(Some(append))
+    }
+
+    fn finish_inner(&mut self, append: Option<Appender>) -> Result<Summary, TraceError> {
         let Some(join) = self.join.take() else {
             return Err(TraceError::WriterGone);
         };
         PROCESS.active.store(false, Ordering::Release);
         let (ack, done) = mpsc::channel();
-        let sent = self.tx.send(Cmd::Finish(ack)).is_ok();
+        let sent = self.tx.send(Cmd::Finish(ack, append)).is_ok();
         let result = if sent { done.recv().ok() } else { None };
         let joined = join.join();
         if let Some(b) = calib::backend() {
@@ -237,7 +250,7 @@ impl Recorder {
 impl Drop for Recorder {
     fn drop(&mut self) {
         if self.join.is_some() {
-            let _ = self.finish_inner();
+            let _ = self.finish_inner(None);
         }
     }
 }

@@ -25,8 +25,9 @@ use crate::names::Name;
 #[derive(Clone, Debug)]
 pub(crate) struct PendingGpu {
     pub name: Name,
-    /// `ts` of the CPU span, ns.
+    /// `ts` and end of the CPU span, ns.
     pub cpu_ts: u64,
+    pub cpu_end: u64,
     pub args: [Arg; MAX_ARGS],
     pub nargs: u8,
     pub flow: u64,
@@ -46,6 +47,10 @@ pub(crate) struct GpuSpanOut {
     pub flow: u64,
     pub step: u64,
     pub cpu_ts: u64,
+    pub cpu_end: u64,
+    /// The launching thread's tid and the backend's stream key.
+    pub thread: u32,
+    pub stream: u64,
     pub args: [Arg; MAX_ARGS],
     pub nargs: u8,
 }
@@ -127,7 +132,13 @@ impl Resolver {
 
     /// Takes the GPU half of a drained event from thread `tid`, whose events `holds`
     /// holds.
-    pub(crate) fn add(&mut self, tid: u32, holds: &Arc<Holds>, ev: &RawEvent, cpu_ts: u64) {
+    pub(crate) fn add(
+        &mut self,
+        tid: u32,
+        holds: &Arc<Holds>,
+        ev: &RawEvent,
+        (cpu_ts, cpu_end): (u64, u64),
+    ) {
         let Some(part) = ev.gpu else {
             return;
         };
@@ -135,6 +146,7 @@ impl Resolver {
         let p = PendingGpu {
             name: ev.head.name,
             cpu_ts,
+            cpu_end,
             args: ev.args,
             nargs: ev.head.nargs,
             flow: ev.head.flow,
@@ -377,6 +389,9 @@ impl Resolver {
                 flow: p.flow,
                 step: p.step,
                 cpu_ts: p.cpu_ts,
+                cpu_end: p.cpu_end,
+                thread: tid,
+                stream: p.part.stream,
                 args: p.args,
                 nargs: p.nargs,
             });

@@ -19,6 +19,8 @@ pub(crate) const RING_SLOTS: usize = 8192;
 /// What the writer knows of one thread. Lives in the registry and outlives the thread.
 pub(crate) struct ThreadSlot {
     pub tid: u32,
+    /// The OS thread id (`gettid`), what CUDA's activity records name a thread by.
+    pub os_tid: u32,
     pub meta: Mutex<ThreadMeta>,
     /// The consumer end of the thread's ring, made at its first recorded event.
     pub ring: Mutex<Option<Consumer>>,
@@ -82,6 +84,7 @@ pub(crate) fn new_slot() -> Arc<ThreadSlot> {
     };
     let slot = Arc::new(ThreadSlot {
         tid,
+        os_tid: os_tid(),
         meta: Mutex::new(ThreadMeta {
             name,
             generation: 1,
@@ -94,6 +97,12 @@ pub(crate) fn new_slot() -> Arc<ThreadSlot> {
     });
     reg.slots.push(slot.clone());
     slot
+}
+
+/// The calling thread's OS id.
+pub(crate) fn os_tid() -> u32 {
+    // SAFETY: gettid takes no arguments and cannot fail.
+    unsafe { libc::syscall(libc::SYS_gettid) as u32 }
 }
 
 /// Forgets a thread that has exited and whose ring is empty (its GPU-timing totals

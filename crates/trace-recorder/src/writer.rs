@@ -19,8 +19,9 @@ use chrome_trace_format::tracks::{gpu_process_name, gpu_sort_index, TRAINER_SORT
 use chrome_trace_format::{ArgValue, Bind, Category, Counter, EventWriter, Meta, Span, Text};
 
 use crate::calib;
-use crate::clock::Timebase;
+use crate::clock::{clock, Timebase};
 use crate::event::{Arg, Kind, RawEvent, Slot, MAX_ARGS, NO_ARG};
+use crate::external::{Appender, FinishView, PlacedGpuSpan, TraceThread};
 use crate::names::{sync_entries, Name, NameEntry};
 use crate::nest::Nest;
 use crate::resolve::{GpuSpanOut, Resolver, TrackMeta};
@@ -36,7 +37,7 @@ const CHUNK: usize = 1 << 16;
 
 pub(crate) enum Cmd {
     Flush(mpsc::Sender<()>),
-    Finish(mpsc::Sender<Result<Summary, io::Error>>),
+    Finish(mpsc::Sender<Result<Summary, io::Error>>, Option<Appender>),
 }
 
 pub(crate) struct Writer {
@@ -55,6 +56,11 @@ pub(crate) struct Writer {
     acc: HashMap<Name, Acc>,
     gpu_out: Vec<GpuSpanOut>,
     track_meta: Vec<TrackMeta>,
+    /// With `keep_gpu_spans`: the GPU spans written, and each thread's OS id and extent,
+    /// for the appender at the end.
+    keep: bool,
+    kept: Vec<PlacedGpuSpan>,
+    threads: HashMap<u32, TraceThread>,
     error: Option<io::Error>,
 }
 
@@ -68,6 +74,7 @@ pub(crate) struct WriterConfig {
     pub flush_interval: Duration,
     pub resolver: Option<Resolver>,
     pub stats: SharedStats,
+    pub keep_gpu_spans: bool,
 }
 
 impl Writer {
@@ -87,6 +94,9 @@ impl Writer {
             acc: HashMap::new(),
             gpu_out: Vec::new(),
             track_meta: Vec::new(),
+            keep: c.keep_gpu_spans,
+            kept: Vec::new(),
+            threads: HashMap::new(),
             error: None,
         }
     }
@@ -103,8 +113,8 @@ impl Writer {
                     last_flush = Instant::now();
                     let _ = ack.send(());
                 }
-                Ok(Cmd::Finish(ack)) => {
-                    let r = self.finish();
+                Ok(Cmd::Finish(ack, appender)) => {
+                    let r = self.finish(appender);
                     let _ = ack.send(r);
                     return;
                 }
@@ -118,7 +128,7 @@ impl Writer {
                     }
                 }
                 Err(mpsc::RecvTimeoutError::Disconnected) => {
-                    let _ = self.finish();
+                    let _ = self.finish(None);
                     return;
                 }
             }
@@ -273,8 +283,18 @@ impl Writer {
         let a = self.acc.entry(ev.head.name).or_default();
         a.count += 1;
         a.cpu_ns += end - ts;
+        if self.keep {
+            let t = self.threads.entry(tid).or_insert(TraceThread {
+                tid,
+                os_tid: slot.os_tid,
+                first_ns: ts,
+                last_ns: end,
+            });
+            t.first_ns = t.first_ns.min(ts);
+            t.last_ns = t.last_ns.max(end);
+        }
         if let Some(r) = self.resolver.as_mut() {
-            r.add(tid, &slot.holds, ev, ts);
+            r.add(tid, &slot.holds, ev, (ts, end));
         } else if let Some(g) = ev.gpu {
             slot.holds.release_part(&g);
         }
@@ -346,6 +366,19 @@ impl Writer {
                 bind: (g.flow != 0).then_some(Bind::destination(g.flow)),
                 args: &args[..n + 1],
             });
+            if self.keep {
+                self.kept.push(PlacedGpuSpan {
+                    name: entry.text.to_string(),
+                    device: g.device,
+                    track: g.tid,
+                    stream: g.stream,
+                    ts_ns: g.ts,
+                    dur_ns: g.dur,
+                    thread: g.thread,
+                    cpu_ts_ns: g.cpu_ts,
+                    cpu_end_ns: g.cpu_end,
+                });
+            }
             let a = self.acc.entry(g.name).or_default();
             a.gpu_count += 1;
             a.gpu_ns += g.dur;
@@ -422,7 +455,7 @@ impl Writer {
         }
     }
 
-    fn finish(&mut self) -> Result<Summary, io::Error> {
+    fn finish(&mut self, appender: Option<Appender>) -> Result<Summary, io::Error> {
         self.pass();
         if self.resolver.is_some() {
             let deadline = Instant::now() + FINISH_GPU_WAIT;
@@ -441,6 +474,17 @@ impl Writer {
                 r.discard_all();
             }
             self.merge_stats();
+        }
+        if let Some(append) = appender {
+            let mut threads: Vec<TraceThread> = self.threads.values().cloned().collect();
+            threads.sort_by_key(|t| t.tid);
+            let view = FinishView {
+                pid: self.pid,
+                base_clock_ns: clock().delta_as_nanos(0, self.tb.base_ticks),
+                gpu_spans: &self.kept,
+                threads: &threads,
+            };
+            append(&view, &mut self.events);
         }
         self.events.finish();
         self.write_buf();

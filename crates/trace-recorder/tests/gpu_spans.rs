@@ -424,3 +424,93 @@ fn span_events_are_recycled_and_all_return_when_threads_exit_and_at_finish() {
     assert_eq!(gpu.outstanding(), 0, "every event went back to the pool");
     assert!(gpu.recorded() >= 4 * spans);
 }
+
+/// `finish_with`: the appender sees every GPU span as written (its track, stream, CPU
+/// span and launching thread), each thread's OS id and extent, and the shared clock; what
+/// it writes lands in the file before the footer.
+#[test]
+fn finish_with_hands_the_placed_spans_and_threads_to_the_appender() {
+    let _g = lock();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("trace.json");
+    let gpu = Arc::new(MockGpu::new(1, Duration::from_micros(20), Duration::ZERO));
+    let mut cfg = config(&path);
+    cfg.gpu = Some(gpu.clone());
+    cfg.keep_gpu_spans = true;
+    let before = trace::clock_ns();
+    let rec = Recorder::start(cfg).unwrap();
+    let os_tid = std::thread::spawn(move || {
+        trace::set_thread_name("drafter cuda:0");
+        MockGpu::set_current_stream(5);
+        trace::bind_gpu(0, "drafter");
+        for step in 0..3 {
+            let _s = trace::step_span(step);
+            let _a = trace::gpu_span(trace::intern("a"));
+            drop(trace::gpu_span(trace::intern("b")));
+        }
+        // SAFETY: gettid has no arguments.
+        unsafe { libc_gettid() }
+    })
+    .join()
+    .unwrap();
+    let seen = Arc::new(std::sync::Mutex::new(None));
+    let s2 = seen.clone();
+    let summary = rec
+        .finish_with(Box::new(move |view, w| {
+            let now = trace::clock_ns();
+            assert!(view.trace_ns(now).is_some());
+            assert!(view.trace_ns(before).is_none() || view.base_clock_ns == before);
+            w.span(&chrome_trace_format::Span {
+                cat: chrome_trace_format::Category::Kernel,
+                name: chrome_trace_format::Text::Plain("appended"),
+                pid: 0,
+                tid: view.gpu_spans[0].track,
+                ts_ns: view.gpu_spans[0].ts_ns,
+                dur_ns: 1,
+                bind: None,
+                args: &[],
+            });
+            *s2.lock().unwrap() = Some((view.gpu_spans.to_vec(), view.threads.to_vec(), view.pid));
+        }))
+        .unwrap();
+    assert_eq!(summary.gpu_spans, 6);
+    let (spans, threads, pid) = seen.lock().unwrap().take().unwrap();
+    assert_eq!(spans.len(), 6);
+    assert_eq!(threads.len(), 1);
+    let t = &threads[0];
+    assert_eq!(t.os_tid, os_tid);
+    let doc = parse(&path);
+    let evs = events(&doc);
+    for s in &spans {
+        assert_eq!((s.device, s.stream, s.thread), (0, 5, t.tid));
+        assert!(
+            s.cpu_ts_ns <= s.cpu_end_ns && s.cpu_ts_ns >= t.first_ns && s.cpu_end_ns <= t.last_ns
+        );
+        // the span in the file, on the track the appender was told
+        let f = evs
+            .iter()
+            .find(|e| {
+                e["cat"] == "gpu" && e["name"] == s.name.as_str() && ns(&e["ts"]) == s.ts_ns as i64
+            })
+            .expect("the span is in the file");
+        assert_eq!(f["tid"], s.track);
+        assert_eq!(f["pid"], 0);
+        let cpu = evs
+            .iter()
+            .find(|e| {
+                e["cat"] == "cpu" && e["tid"] == t.tid && ns(&e["ts"]) == ns(&f["args"]["cpu_ts"])
+            })
+            .expect("its CPU span");
+        assert_eq!(ns(&cpu["ts"]) + ns(&cpu["dur"]), s.cpu_end_ns as i64);
+    }
+    assert!(evs.iter().any(|e| e["name"] == "appended"));
+    assert!(pid > 0);
+}
+
+unsafe fn libc_gettid() -> u32 {
+    extern "C" {
+        fn gettid() -> i32;
+    }
+    // SAFETY: no arguments, cannot fail.
+    unsafe { gettid() as u32 }
+}
