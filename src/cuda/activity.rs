@@ -51,7 +51,7 @@ mod ffi {
 }
 
 /// What an [`Activity`] record is, by CUPTI activity kind.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub enum ActivityKind {
     Kernel,
     Memcpy,
@@ -82,7 +82,7 @@ impl ActivityKind {
 }
 
 /// One CUDA activity record; times are on the clock given to [`start`].
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Activity {
     pub kind: ActivityKind,
     pub name: String,

@@ -11,6 +11,7 @@ use std::sync::{Mutex, MutexGuard, OnceLock};
 use crate::trace::{DeviceProperties, GpuBackend, GpuError, GpuEvent};
 
 pub mod activity;
+pub mod kernel_trace;
 
 /// The shim's C ABI: every `extern "C"` function of `shim.cpp`. They return 0 on success
 /// and a negative code on failure (text in `dflash_cuda_last_error`, per thread), and

@@ -33,6 +33,11 @@ pub enum Category {
     CudaRuntime,
     /// Kineto: a CUDA driver call (`cuLaunchKernel`).
     CudaDriver,
+    /// Kineto: CUPTI's record of a host wait on the GPU ("Stream Sync", "Event Sync"),
+    /// inside the call that waited.
+    CudaSync,
+    /// Kineto: time the driver or CUPTI spent on its own account ("Command Buffer Full").
+    Overhead,
     /// Kineto: a Python frame (with stack tracing on).
     PythonFunction,
     /// Kineto: a launch-to-kernel flow (`s`/`f` events).
@@ -43,7 +48,7 @@ pub enum Category {
 
 impl Category {
     /// Every category with a name, in declaration order.
-    pub const KNOWN: [Category; 14] = [
+    pub const KNOWN: [Category; 16] = [
         Category::Cpu,
         Category::Gpu,
         Category::Queue,
@@ -56,6 +61,8 @@ impl Category {
         Category::GpuMemset,
         Category::CudaRuntime,
         Category::CudaDriver,
+        Category::CudaSync,
+        Category::Overhead,
         Category::PythonFunction,
         Category::Ac2g,
     ];
@@ -76,6 +83,8 @@ impl Category {
             Category::GpuMemset => "gpu_memset",
             Category::CudaRuntime => "cuda_runtime",
             Category::CudaDriver => "cuda_driver",
+            Category::CudaSync => "cuda_sync",
+            Category::Overhead => "overhead",
             Category::PythonFunction => "python_function",
             Category::Ac2g => "ac2g",
             Category::Unknown => "",
@@ -99,7 +108,11 @@ impl Category {
             Category::Kernel | Category::GpuMemcpy | Category::GpuMemset => SpanKind::Kernel,
             Category::CpuOp => SpanKind::Op,
             Category::CudaRuntime | Category::CudaDriver => SpanKind::Runtime,
-            Category::PythonFunction | Category::Ac2g | Category::Unknown => SpanKind::Other,
+            Category::CudaSync
+            | Category::Overhead
+            | Category::PythonFunction
+            | Category::Ac2g
+            | Category::Unknown => SpanKind::Other,
         }
     }
 

@@ -16,6 +16,9 @@ pub enum ArgValue {
     /// A time in nanoseconds, written in microseconds with three decimals like `ts`
     /// (`args.cpu_ts` of a GPU span).
     Micros(u64),
+    /// Three integers, written as an array (`args.grid` and `args.block` of a kernel, as
+    /// Kineto writes them).
+    Triple([i64; 3]),
 }
 
 macro_rules! arg_from {

@@ -36,6 +36,26 @@ pub const MEMORY_ALLOCATED: &str = "Total Allocated";
 /// Bytes the caching allocator holds from the device, after the event.
 pub const MEMORY_RESERVED: &str = "Total Reserved";
 
+/// Kineto's argument keys and names for CUDA activity, which the recorder's kernel
+/// capture writes too (tools made for PyTorch traces read them).
+pub mod kineto {
+    pub const DEVICE: &str = "device";
+    pub const CONTEXT: &str = "context";
+    pub const STREAM: &str = "stream";
+    pub const CORRELATION: &str = super::CORRELATION_ARG;
+    /// The CUPTI callback id of a runtime or driver call.
+    pub const CBID: &str = "cbid";
+    pub const REGISTERS: &str = "registers per thread";
+    pub const SHARED_MEMORY: &str = "shared memory";
+    pub const GRID: &str = "grid";
+    pub const BLOCK: &str = "block";
+    pub const BYTES: &str = "bytes";
+    /// Of a copy or set: bytes per ns, that is GB/s.
+    pub const BANDWIDTH: &str = "memory bandwidth (GB/s)";
+    /// The name and category of launch-to-kernel flows.
+    pub const AC2G: &str = "ac2g";
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

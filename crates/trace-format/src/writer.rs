@@ -190,6 +190,7 @@ pub fn push_value(out: &mut String, v: ArgValue) {
             push_us(out, ns);
             Ok(())
         }
+        ArgValue::Triple([x, y, z]) => write!(out, "[{x},{y},{z}]"),
     };
 }
 

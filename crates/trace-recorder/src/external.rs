@@ -17,7 +17,7 @@ pub fn clock_ns() -> u64 {
 
 /// A GPU span as the writer placed it in the file (kept only when
 /// [`RecorderConfig::keep_gpu_spans`](crate::RecorderConfig::keep_gpu_spans) is set).
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct PlacedGpuSpan {
     pub name: String,
     /// The GPU's `pid` and the stream track's `tid` it was written on.
@@ -41,7 +41,7 @@ impl PlacedGpuSpan {
 }
 
 /// A thread that recorded into the trace.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct TraceThread {
     /// Its `tid` in the file (on the trainer's `pid`).
     pub tid: u32,

@@ -209,3 +209,12 @@ fn a_bind_without_direction_is_left_out_and_drain_empties() {
     assert_eq!(w.events(), 1);
     assert!(out.starts_with(b"{\"ph\":\"X\""));
 }
+
+#[test]
+fn triples_print_as_arrays_that_json_reads_back() {
+    let mut s = String::new();
+    push_value(&mut s, ArgValue::Triple([128, 1, -2]));
+    assert_eq!(s, "[128,1,-2]");
+    let v: serde_json::Value = serde_json::from_str(&s).unwrap();
+    assert_eq!(v, serde_json::json!([128, 1, -2]));
+}
