@@ -8,7 +8,7 @@ use clap::{Args, Parser, Subcommand};
     name = "dflash",
     version,
     about = "Train DFlash block-diffusion drafters for speculative decoding, with a built-in trace recorder.",
-    after_help = "Examples:\n  dflash train --trace runs/demo                  # embedded default: tiny target + corpus, traced\n  dflash train --target ckpt/Qwen3-8B --data train.jsonl --target-devices cuda:0 --drafter-device cuda:1 --trace runs/a\n  dflash train --config run.toml --set lr=3e-4 --set num_anchors=256\n  dflash train --resume --run-dir runs/a          # continue from the latest checkpoint\n  dflash pretrain-target --corpus fixtures/corpus/train.txt --out fixtures/tiny-target"
+    after_help = "Examples:\n  dflash train --trace runs/demo                  # embedded default: tiny target + corpus, traced\n  dflash train --target ckpt/Qwen3-8B --data train.jsonl --target-devices cuda:0 --drafter-device cuda:1 --trace runs/a\n  dflash train --config run.toml --set lr=3e-4 --set num_anchors=256\n  dflash train --target-preset realistic --target-devices cuda:0 --drafter-device cuda:0 --trace runs/k --trace-kernels\n  dflash train --resume --run-dir runs/a          # continue from the latest checkpoint\n  dflash pretrain-target --corpus fixtures/corpus/train.txt --out fixtures/tiny-target"
 )]
 pub struct Cli {
     #[command(subcommand)]
@@ -61,6 +61,10 @@ pub struct TrainArgs {
     /// Write trace.json.gz instead of trace.json.
     #[arg(long)]
     pub trace_gzip: bool,
+    /// With --trace on CUDA: record every kernel, copy and set of the traced window, and
+    /// the CUDA calls that launch, wait or allocate, into the trace (CUPTI).
+    #[arg(long, requires = "trace")]
+    pub trace_kernels: bool,
     /// Continue the run in the run directory from its latest checkpoint.
     #[arg(long)]
     pub resume: bool,

@@ -109,6 +109,9 @@ fn flag_layer(a: &TrainArgs) -> Layer {
     if a.trace_gzip {
         l.set("trace_gzip", true);
     }
+    if a.trace_kernels {
+        l.set("trace_kernels", true);
+    }
     l
 }
 

@@ -31,16 +31,30 @@ fn spans(trace: &Value) -> Vec<&Value> {
 fn cpu_trace_has_every_section_nested_with_metadata() {
     let dir = tempfile::tempdir().unwrap();
     let run = dir.path().join("run");
+    // --trace-kernels on a CPU run: one warning, and the trace it would be without it
     let out = dflash()
-        .args(["train", "--steps", "8", "--trace-steps", "2..6", "--trace"])
+        .args([
+            "train",
+            "--steps",
+            "8",
+            "--trace-steps",
+            "2..6",
+            "--trace-kernels",
+            "--trace",
+        ])
         .arg(&run)
         .args(SMALL)
         .output()
         .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let warnings: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.contains("--trace-kernels"))
+        .collect();
+    assert_eq!(
+        warnings,
+        ["warning: --trace-kernels: this run has no CUDA device; the trace has no kernels"]
     );
     let trace = load(&run.join("trace.json"));
 
@@ -66,6 +80,20 @@ fn cpu_trace_has_every_section_nested_with_metadata() {
             "ProfilerStep#4",
             "ProfilerStep#5",
         ],
+    );
+}
+
+#[test]
+fn trace_kernels_without_trace_is_a_usage_error() {
+    let out = dflash()
+        .args(["train", "--steps", "2", "--trace-kernels"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("--trace-kernels") && stderr.contains("--trace"),
+        "{stderr}"
     );
 }
 

@@ -234,13 +234,10 @@ pub fn merge(input: &MergeInput, w: &mut EventWriter) -> MergeReport {
 
     // threads: known ones by OS id; the window is what any of them recorded
     let by_os: HashMap<u32, &TraceThread> = input.threads.iter().map(|t| (t.os_tid, t)).collect();
-    let window = input
-        .threads
-        .iter()
-        .fold(None, |w: Option<(i64, i64)>, t| {
-            let (a, b) = (t.first_ns as i64, t.last_ns as i64);
-            Some(w.map_or((a, b), |(x, y)| (x.min(a), y.max(b))))
-        });
+    let window = input.threads.iter().fold(None, |w: Option<(i64, i64)>, t| {
+        let (a, b) = (t.first_ns as i64, t.last_ns as i64);
+        Some(w.map_or((a, b), |(x, y)| (x.min(a), y.max(b))))
+    });
     let Some(window) = window else {
         rep.left_out = acts.len() as u64;
         return rep;
@@ -259,7 +256,10 @@ pub fn merge(input: &MergeInput, w: &mut EventWriter) -> MergeReport {
             Some(t) => (t.tid, (t.first_ns as i64, t.last_ns as i64)),
             None => {
                 let n = foreign.len() as u32;
-                (*foreign.entry(a.tid).or_insert(FOREIGN_TID_BASE + n), window)
+                (
+                    *foreign.entry(a.tid).or_insert(FOREIGN_TID_BASE + n),
+                    window,
+                )
             }
         };
         if ts < extent.0 || end > extent.1 {
@@ -688,7 +688,9 @@ pub fn merge(input: &MergeInput, w: &mut EventWriter) -> MergeReport {
                     },
                     Arg {
                         key: kineto::SHARED_MEMORY,
-                        value: ArgValue::I64(i64::from(a.shared_static) + i64::from(a.shared_dynamic)),
+                        value: ArgValue::I64(
+                            i64::from(a.shared_static) + i64::from(a.shared_dynamic),
+                        ),
                     },
                     Arg {
                         key: kineto::GRID,

@@ -11,6 +11,7 @@ use std::sync::{Mutex, MutexGuard, OnceLock};
 use crate::trace::{DeviceProperties, GpuBackend, GpuError, GpuEvent};
 
 pub mod activity;
+pub mod capture;
 pub mod kernel_trace;
 
 /// The shim's C ABI: every `extern "C"` function of `shim.cpp`. They return 0 on success

@@ -69,6 +69,9 @@ pub struct TrainConfig {
     /// Traced steps, `a..b` (half-open); empty: a short window after warm-up.
     pub trace_steps: Option<String>,
     pub trace_gzip: bool,
+    /// With a trace on CUDA: also record every kernel, copy and set, and the CUDA calls
+    /// that launch, wait or allocate, during the traced window (CUPTI).
+    pub trace_kernels: bool,
     /// Print the live per-section summary every N steps while tracing (0: never).
     pub summary_every: i64,
     /// Validation: also time each section by synchronizing around it (slow).
@@ -111,6 +114,7 @@ impl Default for TrainConfig {
             log_every: 10,
             trace_steps: None,
             trace_gzip: false,
+            trace_kernels: false,
             summary_every: 20,
             sync_sections: false,
             save_checkpoints: true,
@@ -206,6 +210,7 @@ impl TrainConfig {
             "log_every",
             "trace_steps",
             "trace_gzip",
+            "trace_kernels",
             "summary_every",
             "sync_sections",
             "save_checkpoints",

@@ -47,6 +47,8 @@ pub(super) struct DrafterLoop<'a> {
 
 /// The state of a run in progress.
 struct Progress {
+    /// The allocator's statistics and our host syncs at the previous traced step's end.
+    cuda_last: Option<(cuda::activity::AllocatorStats, u64)>,
     state: RunState,
     /// Where the run stands, for the message of a failed write.
     standing: Standing,
@@ -72,6 +74,7 @@ impl DrafterLoop<'_> {
             self.resume_from.cloned(),
         );
         let mut p = Progress {
+            cuda_last: None,
             state,
             standing,
             last_save: Instant::now(),
@@ -167,6 +170,11 @@ impl DrafterLoop<'_> {
             }
             let step = p.state.step;
             trace::set_thread_recording((window.0..window.1).contains(&step));
+            if (window.0..window.1).contains(&step) {
+                cuda::capture::enter_window();
+            } else if step >= window.1 {
+                cuda::capture::leave_window();
+            }
             let t0 = Instant::now();
             let profiler_step = trace::step_span(step as u64);
             let (item, queue_wait) = self.next_item()?;
@@ -188,6 +196,9 @@ impl DrafterLoop<'_> {
             };
             drop(profiler_step);
             drop(item);
+            if (window.0..window.1).contains(&step) {
+                self.cuda_counters(p);
+            }
             if !metrics.loss.is_finite() {
                 return Err(TrainError::LossNotFinite {
                     loss: metrics.loss,
@@ -208,12 +219,65 @@ impl DrafterLoop<'_> {
                 let what = format!("writing {}", log.metrics.path().display());
                 p.standing.write_failed(what, e)
             })?;
-            self.live_summary(trainer, step, metrics.tokens);
+            self.live_summary(trainer, step, metrics.tokens, p);
             if self.checkpoint_due(p) && p.state.step < end {
                 self.save(trainer, p, &log.metrics)?;
             }
         }
         Ok(())
+    }
+
+    /// After a traced step on CUDA: the caching allocator's statistics and our host
+    /// syncs as trace counters (`cuda.allocator`, `cuda.host_syncs`, per-step deltas for
+    /// the counts), summed into the report.
+    fn cuda_counters(&self, p: &mut Progress) {
+        let tch::Device::Cuda(d) = self.plan.drafter_device else {
+            return;
+        };
+        if self.recorder.is_none() {
+            return;
+        }
+        let Ok(now) = cuda::activity::allocator_stats(d) else {
+            return;
+        };
+        let syncs = super::step::host_syncs();
+        let Some((last, last_syncs)) = p.cuda_last.replace((now, syncs)) else {
+            return;
+        };
+        let allocs = now.device_allocs - last.device_allocs;
+        let frees = now.device_frees - last.device_frees;
+        let step_syncs = syncs - last_syncs;
+        let name = trace_name!(names::CUDA_ALLOCATOR);
+        trace::counter(
+            name,
+            names::args::ALLOCATED_BYTES,
+            now.allocated_bytes as f64,
+        );
+        trace::counter(name, names::args::RESERVED_BYTES, now.reserved_bytes as f64);
+        trace::counter(name, names::args::DEVICE_ALLOCS, allocs as f64);
+        trace::counter(name, names::args::DEVICE_FREES, frees as f64);
+        trace::counter(
+            name,
+            names::args::ALLOC_RETRIES,
+            (now.alloc_retries - last.alloc_retries) as f64,
+        );
+        trace::counter(name, names::args::OOMS, (now.ooms - last.ooms) as f64);
+        trace::counter(
+            trace_name!(names::CUDA_HOST_SYNCS),
+            names::args::SYNCS,
+            step_syncs as f64,
+        );
+        let c = p.report.cuda_per_step.get_or_insert_with(Default::default);
+        let n = c.steps as f64;
+        let mean = |old: f64, x: f64| (old * n + x) / (n + 1.0);
+        c.device_allocs = mean(c.device_allocs, allocs as f64);
+        c.device_frees = mean(c.device_frees, frees as f64);
+        c.host_syncs = mean(c.host_syncs, step_syncs as f64);
+        c.alloc_retries += now.alloc_retries - last.alloc_retries;
+        c.ooms += now.ooms - last.ooms;
+        c.allocated_bytes = now.allocated_bytes;
+        c.reserved_bytes = now.reserved_bytes;
+        c.steps += 1;
     }
 
     /// The step this run stops at: the end, or `--stop-after`.
@@ -250,7 +314,7 @@ impl DrafterLoop<'_> {
     }
 
     /// Prints the live per-section summary of traced steps when one is due.
-    fn live_summary(&self, trainer: &DrafterTrainer, step: i64, tokens: i64) {
+    fn live_summary(&self, trainer: &DrafterTrainer, step: i64, tokens: i64, p: &Progress) {
         let cfg = &self.plan.cfg;
         let (a, b) = self.plan.window;
         let Some(rec) = self.recorder else {
@@ -263,8 +327,14 @@ impl DrafterLoop<'_> {
             && !self.opts.quiet
         {
             let layers = trainer.drafter.layers.len();
+            let cuda = p
+                .report
+                .cuda_per_step
+                .as_ref()
+                .map(|c| format!("  {}", c.describe()))
+                .unwrap_or_default();
             eprintln!(
-                "{}",
+                "{}{cuda}",
                 run_log::live_summary(&rec.stats_snapshot(), layers, tokens)
             );
         }

@@ -12,7 +12,10 @@ use std::sync::Arc;
 
 use tch::Device;
 
-use crate::cuda;
+use crate::cuda::{
+    self,
+    kernel_trace::{self, MergeInput},
+};
 use crate::model;
 use crate::run_files;
 use crate::trace::{self, Recorder};
@@ -80,6 +83,18 @@ pub fn run(cfg: TrainConfig, opts: &RunOptions) -> Result<RunReport, TrainError>
         true => Some(plan::start_recorder(&plan, dir.path())?),
         false => None,
     };
+    if recorder.is_some() && plan.cfg.trace_kernels {
+        let on_cuda =
+            plan.drafter_device.is_cuda() || plan.target_devices.iter().any(|d| d.is_cuda());
+        let armed = if on_cuda {
+            cuda::capture::arm()
+        } else {
+            Err("this run has no CUDA device".into())
+        };
+        if let Err(why) = armed {
+            eprintln!("warning: --trace-kernels: {why}; the trace has no kernels");
+        }
+    }
 
     // the drafter side, started before the workers so the trace names the thread first
     trace::set_thread_name(&format!("drafter {}", device_name(plan.drafter_device)));
@@ -159,10 +174,66 @@ fn close_trace(
         })?;
     }
     let path = rec.path().to_path_buf();
-    let summary = rec.finish().map_err(|e| {
+    let (summary, merged) = if cuda::capture::armed() {
+        let (activities, dropped) = cuda::capture::take();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let append: trace::Appender = Box::new(move |view, w| {
+            let input = MergeInput {
+                pid: view.pid,
+                base_clock_ns: view.base_clock_ns,
+                gpu_spans: view.gpu_spans.to_vec(),
+                threads: view.threads.to_vec(),
+                activities,
+                dropped,
+            };
+            dump_capture(&input);
+            let _ = tx.send(kernel_trace::merge(&input, w));
+        });
+        (rec.finish_with(append), rx.recv().ok())
+    } else {
+        (rec.finish(), None)
+    };
+    let summary = summary.map_err(|e| {
         standing.write_failed(format!("the trace {} is incomplete", path.display()), e)
     })?;
     report.trace = Some(summary.path);
     report.trace_gpu_cost = Some(summary.gpu_cost).filter(|c| c.spans > 0);
+    if let Some(m) = merged {
+        if !opts.quiet {
+            eprintln!("{}", m.describe());
+        }
+        let steps = traced_steps(plan, report).max(1) as f64;
+        if let Some(c) = report.cuda_per_step.as_mut() {
+            c.kernels = Some(m.kernels as f64 / steps);
+            c.launch_us = Some(m.launch_ns as f64 / 1e3 / steps);
+            c.sync_us = Some(m.sync_ns as f64 / 1e3 / steps);
+        }
+        report.kernel_trace = Some(m);
+    }
     Ok(())
+}
+
+/// Drafter steps of the traced window this run did.
+fn traced_steps(plan: &Plan, report: &RunReport) -> i64 {
+    let (a, b) = plan.window;
+    (b.min(report.step) - a.max(report.start_step)).max(0)
+}
+
+/// With `DFLASH_KERNEL_DUMP=FILE`: the capture and what the recorder placed, as JSON,
+/// for testing the merge on real records (see `src/cuda/kernel_trace`).
+fn dump_capture(input: &MergeInput) {
+    let Some(path) = std::env::var_os("DFLASH_KERNEL_DUMP") else {
+        return;
+    };
+    let r = std::fs::File::create(&path)
+        .map_err(anyhow::Error::from)
+        .and_then(|f| {
+            let mut gz = flate2::write::GzEncoder::new(f, flate2::Compression::default());
+            serde_json::to_writer(&mut gz, input)?;
+            gz.finish()?;
+            Ok(())
+        });
+    if let Err(e) = r {
+        eprintln!("warning: DFLASH_KERNEL_DUMP: {e}");
+    }
 }

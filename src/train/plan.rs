@@ -339,6 +339,7 @@ pub(super) fn start_recorder(plan: &Plan, dir: &Path) -> Result<Recorder, TrainE
         process_name: "dflash trainer".into(),
         // each thread records its own window (see set_thread_recording)
         active: true,
+        keep_gpu_spans: cfg.trace_kernels,
         ..Default::default()
     };
     Recorder::start(rc).map_err(TrainError::TraceStart)

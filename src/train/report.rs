@@ -69,6 +69,48 @@ pub struct RunReport {
     pub trace: Option<PathBuf>,
     /// What GPU-timed spans cost the workers' CPU (traced CUDA runs).
     pub trace_gpu_cost: Option<trace::GpuTimingCost>,
+    /// Per traced step on CUDA: the caching allocator, host syncs, and with
+    /// `--trace-kernels` kernels, launch and sync time.
+    pub cuda_per_step: Option<CudaPerStep>,
+    /// What `--trace-kernels` wrote into the trace.
+    pub kernel_trace: Option<crate::cuda::kernel_trace::MergeReport>,
+}
+
+/// CUDA figures per traced step (the drafter's device for the allocator; every thread
+/// for host syncs and CUDA calls).
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
+pub struct CudaPerStep {
+    /// Traced steps measured.
+    pub steps: u64,
+    /// The caching allocator's device allocations and frees (`cudaMalloc`/`cudaFree`).
+    pub device_allocs: f64,
+    pub device_frees: f64,
+    /// Over the traced steps: allocations retried after freeing the cache, and OOMs.
+    pub alloc_retries: i64,
+    pub ooms: i64,
+    /// Bytes allocated and reserved after the last traced step.
+    pub allocated_bytes: i64,
+    pub reserved_bytes: i64,
+    /// Host synchronizations made by the trainer's own code.
+    pub host_syncs: f64,
+    /// With `--trace-kernels`: kernels, and time in launch calls and in waits, per step.
+    pub kernels: Option<f64>,
+    pub launch_us: Option<f64>,
+    pub sync_us: Option<f64>,
+}
+
+impl CudaPerStep {
+    /// The live summary's suffix.
+    pub fn describe(&self) -> String {
+        let mut s = format!(
+            "cuda/step: {:.1} device allocs, {:.1} host syncs",
+            self.device_allocs, self.host_syncs
+        );
+        if let (Some(k), Some(l), Some(y)) = (self.kernels, self.launch_us, self.sync_us) {
+            s += &format!(", {k:.0} kernels, launch {l:.0} us, sync {y:.0} us");
+        }
+        s
+    }
 }
 
 impl RunReport {

@@ -3,7 +3,7 @@
 //! backward, gradient clipping and the AdamW update. Each section is a trace span at its
 //! call site; the model code itself carries no instrumentation.
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::Instant;
 
@@ -63,6 +63,19 @@ pub struct StepMetrics {
 /// Validation mode: time each section also by synchronizing the thread's stream before
 /// and after it (slow; for checking CUDA-event GPU times against the CPU clock).
 static SYNC_SECTIONS: AtomicBool = AtomicBool::new(false);
+/// Host synchronizations the trainer's own code made (reading metrics, waiting for a
+/// stream), all threads, since the process started.
+static HOST_SYNCS: AtomicU64 = AtomicU64::new(0);
+
+/// Counts one host synchronization made by our code.
+pub(crate) fn count_host_sync() {
+    HOST_SYNCS.fetch_add(1, Ordering::Relaxed);
+}
+
+/// Host synchronizations made by our code so far.
+pub(crate) fn host_syncs() -> u64 {
+    HOST_SYNCS.load(Ordering::Relaxed)
+}
 /// Synchronized wall times per section name, in ns (collected while tracing is on).
 static SYNC_TIMES: Mutex<BTreeMap<String, (u64, u64)>> = Mutex::new(BTreeMap::new());
 
@@ -84,9 +97,10 @@ pub struct Section {
 pub fn section(name: Name, device: Device) -> Section {
     let sync = match device {
         Device::Cuda(i) if SYNC_SECTIONS.load(Ordering::Relaxed) && trace::enabled() => {
-            cuda::current_stream(i)
-                .ok()
-                .and_then(|s| s.synchronize().ok().map(|_| (name, s, Instant::now())))
+            cuda::current_stream(i).ok().and_then(|s| {
+                count_host_sync();
+                s.synchronize().ok().map(|_| (name, s, Instant::now()))
+            })
         }
         _ => None,
     };
@@ -99,6 +113,7 @@ pub fn section(name: Name, device: Device) -> Section {
 impl Drop for Section {
     fn drop(&mut self) {
         if let Some((name, stream, t0)) = self.sync.take() {
+            count_host_sync();
             let _ = stream.synchronize();
             let ns = t0.elapsed().as_nanos() as u64;
             let mut map = SYNC_TIMES.lock().unwrap_or_else(|e| e.into_inner());
@@ -316,7 +331,11 @@ fn read_metrics(
         ],
         0,
     )?;
-    let v = Vec::<f64>::try_from(values.f_to_kind(Kind::Double)?.f_to_device(Device::Cpu)?)?;
+    let host = values.f_to_kind(Kind::Double)?.f_to_device(Device::Cpu)?;
+    if values.device().is_cuda() {
+        count_host_sync();
+    }
+    let v = Vec::<f64>::try_from(host)?;
     Ok(StepMetrics {
         loss: v[0],
         grad_norm: v[1],

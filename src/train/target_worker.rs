@@ -166,6 +166,7 @@ fn target_loop(ctx: WorkerCtx) -> Result<(), WorkerError> {
         .map_err(WorkerError::Load)?;
     if let Some(s) = &stream {
         // the drafter reads the embedding and lm_head from its own stream
+        super::step::count_host_sync();
         s.synchronize()?;
     }
     if let Some(tx) = &ctx.head_tx {
@@ -187,7 +188,11 @@ fn target_loop(ctx: WorkerCtx) -> Result<(), WorkerError> {
         drop(loader);
         let index = host.index;
         // batch N feeds step N: record the batches of the traced steps, on this side too
-        trace::set_thread_recording((ctx.window.0..ctx.window.1).contains(&(index as i64)));
+        let traced = (ctx.window.0..ctx.window.1).contains(&(index as i64));
+        trace::set_thread_recording(traced);
+        if traced {
+            cuda::capture::enter_window();
+        }
         let out = {
             let mut s = trace::gpu_span(trace_name!(names::TARGET_FORWARD));
             s.arg(names::args::BATCH, index);

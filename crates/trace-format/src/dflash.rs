@@ -91,7 +91,15 @@ pub fn is_drafter_section(name: &str) -> bool {
     name.starts_with(DRAFTER_PREFIX) && name.matches('.').count() == 1 && !is_envelope(name)
 }
 
-/// Argument keys of the trainer's spans.
+/// Counter written after each traced step on CUDA: the caching allocator of the
+/// drafter's device (keys [`args::ALLOCATED_BYTES`] .. [`args::OOMS`]; the counts are
+/// per-step deltas).
+pub const CUDA_ALLOCATOR: &str = "cuda.allocator";
+/// Counter written after each traced step on CUDA: host syncs the trainer's own code
+/// made during the step, all threads ([`args::SYNCS`]).
+pub const CUDA_HOST_SYNCS: &str = "cuda.host_syncs";
+
+/// Argument keys of the trainer's spans and counters.
 pub mod args {
     /// `drafter.step`: its step number, tokens trained on, and loss.
     pub const STEP: &str = crate::names::STEP_ARG;
@@ -101,6 +109,16 @@ pub mod args {
     pub const WAIT_US: &str = "wait_us";
     pub const DEPTH: &str = "depth";
     pub const BATCH: &str = "batch";
+    /// [`super::CUDA_ALLOCATOR`]: bytes now, and device allocations, frees, retries and
+    /// OOMs during the step.
+    pub const ALLOCATED_BYTES: &str = "allocated_bytes";
+    pub const RESERVED_BYTES: &str = "reserved_bytes";
+    pub const DEVICE_ALLOCS: &str = "device_allocs";
+    pub const DEVICE_FREES: &str = "device_frees";
+    pub const ALLOC_RETRIES: &str = "alloc_retries";
+    pub const OOMS: &str = "ooms";
+    /// [`super::CUDA_HOST_SYNCS`].
+    pub const SYNCS: &str = "syncs";
 }
 
 #[cfg(test)]

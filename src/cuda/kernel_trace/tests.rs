@@ -42,7 +42,11 @@ fn act(kind: ActivityKind, name: &str, t: (u64, u64), corr: u32) -> Activity {
         shared_static: 0,
         shared_dynamic: 1024,
         detail: 0,
-        bytes: if kind == ActivityKind::Memcpy { 4096 } else { 0 },
+        bytes: if kind == ActivityKind::Memcpy {
+            4096
+        } else {
+            0
+        },
     }
 }
 
@@ -133,7 +137,10 @@ fn kernels_land_inside_the_gpu_span_of_the_section_that_launched_them() {
     assert_eq!(ns(&named(&evs, "k1")["ts"]), 12_100 + 500 - 400);
     // drafter.fc: k1 and k2, 7.9 + 9.8 us of its 18 us
     let fc = &rep.sections["drafter.fc"];
-    assert_eq!((fc.spans, fc.kernels, fc.kernel_ns, fc.gpu_ns), (1, 2, 17_700, 18_000));
+    assert_eq!(
+        (fc.spans, fc.kernels, fc.kernel_ns, fc.gpu_ns),
+        (1, 2, 17_700, 18_000)
+    );
     // drafter.step: everything its thread launched (k1, k2, loss, side); not the autograd
     // thread's kernel, nor the copy
     assert_eq!(rep.sections["drafter.step"].kernels, 4);
@@ -156,7 +163,10 @@ fn calls_stay_on_their_threads_and_in_the_window() {
         .iter()
         .find(|e| e["cat"] == "cuda_runtime" && e["args"]["correlation"] == 1)
         .unwrap();
-    assert_eq!((launch["tid"].as_u64(), ns(&launch["ts"])), (Some(1), 3_000));
+    assert_eq!(
+        (launch["tid"].as_u64(), ns(&launch["ts"])),
+        (Some(1), 3_000)
+    );
     let autograd = named(&evs, "cuLaunchKernel");
     assert_eq!(autograd["tid"], FOREIGN_TID_BASE);
     assert!(evs.iter().any(|e| e["ph"] == "M"
@@ -166,12 +176,21 @@ fn calls_stay_on_their_threads_and_in_the_window() {
     assert_eq!(rep.left_out, 2);
     // the sync record sits in the call that waited, on its thread
     let sync = named(&evs, "Stream Sync");
-    assert_eq!((sync["cat"].as_str(), sync["tid"].as_u64()), (Some("cuda_sync"), Some(1)));
+    assert_eq!(
+        (sync["cat"].as_str(), sync["tid"].as_u64()),
+        (Some("cuda_sync"), Some(1))
+    );
     assert!(inside(sync, (48_000, 49_900)));
     let stall = named(&evs, "Command Buffer Full");
-    assert_eq!((stall["cat"].as_str(), stall["tid"].as_u64()), (Some("overhead"), Some(1)));
+    assert_eq!(
+        (stall["cat"].as_str(), stall["tid"].as_u64()),
+        (Some("overhead"), Some(1))
+    );
     // outermost calls by class
-    assert_eq!((rep.launches, rep.launch_ns), (6, 500 + 400 + 300 + 200 + 300 + 100));
+    assert_eq!(
+        (rep.launches, rep.launch_ns),
+        (6, 500 + 400 + 300 + 200 + 300 + 100)
+    );
     assert_eq!((rep.syncs, rep.sync_ns), (1, 1_900));
     assert_eq!(rep.command_buffer_full_ns, 300);
     assert_eq!((rep.sync_records, rep.overhead_records), (1, 1));
@@ -186,7 +205,10 @@ fn every_launch_has_one_flow_to_its_kernel() {
     let ends: Vec<&Value> = evs.iter().filter(|e| e["ph"] == "f").collect();
     assert_eq!((starts.len(), ends.len(), rep.flows), (6, 6, 6));
     for s in &starts {
-        assert_eq!((s["cat"].as_str(), s["name"].as_str()), (Some("ac2g"), Some("ac2g")));
+        assert_eq!(
+            (s["cat"].as_str(), s["name"].as_str()),
+            (Some("ac2g"), Some("ac2g"))
+        );
         let f = ends.iter().find(|f| f["id"] == s["id"]).unwrap();
         assert_eq!(f["bp"], "e");
         // the flow ends where its kernel starts, on the kernel's track, after the launch
@@ -223,15 +245,25 @@ fn streams_map_one_to_one_and_tracks_stay_nested() {
     assert_eq!((rep.trimmed, rep.unlaunched), (1, 2));
     // every GPU record on track 1 nests with the GPU spans (brute force over pairs)
     let spans = [(10_000, 60_000), (12_000, 30_000), (30_000, 58_000)];
-    for e in evs.iter().filter(|e| e["ph"] == "X" && e["pid"] == 0 && e["tid"] == 1) {
+    for e in evs
+        .iter()
+        .filter(|e| e["ph"] == "X" && e["pid"] == 0 && e["tid"] == 1)
+    {
         let (a, b) = (ns(&e["ts"]), ns(&e["ts"]) + ns(&e["dur"]));
         for &(s, t) in &spans {
             let disjoint = b <= s || a >= t;
             let within = a >= s && b <= t;
-            assert!(disjoint || within, "{} [{a},{b}] crosses [{s},{t}]", e["name"]);
+            assert!(
+                disjoint || within,
+                "{} [{a},{b}] crosses [{s},{t}]",
+                e["name"]
+            );
         }
     }
-    assert_eq!(named(&evs, "k1")["args"]["grid"], serde_json::json!([4, 1, 1]));
+    assert_eq!(
+        named(&evs, "k1")["args"]["grid"],
+        serde_json::json!([4, 1, 1])
+    );
     assert_eq!(named(&evs, "k1")["args"]["shared memory"], 1024);
     assert_eq!(named(&evs, "Memcpy DtoD")["args"]["bytes"], 4096);
 }
