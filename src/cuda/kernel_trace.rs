@@ -356,9 +356,9 @@ pub fn merge(input: &MergeInput, w: &mut EventWriter) -> MergeReport {
     let mut new_streams: Vec<(u32, u32, u32)> = Vec::new();
     for g in &gpu {
         let a = &acts[g.idx];
-        if !track_of.contains_key(&(a.device, a.stream)) {
+        if let std::collections::hash_map::Entry::Vacant(e) = track_of.entry((a.device, a.stream)) {
             let tid = STREAM_TID_BASE + a.stream;
-            track_of.insert((a.device, a.stream), tid);
+            e.insert(tid);
             new_streams.push((a.device, a.stream, tid));
         }
     }
