@@ -82,6 +82,8 @@ struct Cupti {
   CUptiResult (*get_version)(uint32_t*) = nullptr;
   CUptiResult (*enable_runtime_api)(CUpti_CallbackId, uint8_t) = nullptr;
   CUptiResult (*enable_driver_api)(CUpti_CallbackId, uint8_t) = nullptr;
+  // optional: API records then name threads by gettid(), as the trace does
+  CUptiResult (*set_thread_id_type)(CUpti_ActivityThreadIdType) = nullptr;
 };
 
 Cupti cupti;
@@ -104,7 +106,13 @@ const CUpti_ActivityKind kinds[] = {
     CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL, CUPTI_ACTIVITY_KIND_MEMCPY,          CUPTI_ACTIVITY_KIND_MEMSET,
     CUPTI_ACTIVITY_KIND_OVERHEAD,          CUPTI_ACTIVITY_KIND_SYNCHRONIZATION,
 };
-std::vector<std::pair<CUpti_CallbackDomain, CUpti_CallbackId>> enabled_apis;
+// Every runtime and driver function CUPTI names, and whether its records are kept.
+struct ApiSwitch {
+  CUpti_CallbackDomain domain;
+  uint32_t cbid;
+  bool wanted;
+};
+std::vector<ApiSwitch> all_apis;
 
 std::string result_text(CUptiResult r) {
   const char* s = nullptr;
@@ -143,6 +151,8 @@ bool load_cupti() {
             resolve(cupti.stream_id, "cuptiGetStreamIdEx") && resolve(cupti.get_version, "cuptiGetVersion") &&
             resolve(cupti.enable_runtime_api, "cuptiActivityEnableRuntimeApi") &&
             resolve(cupti.enable_driver_api, "cuptiActivityEnableDriverApi");
+  cupti.set_thread_id_type =
+      reinterpret_cast<decltype(cupti.set_thread_id_type)>(dlsym(cupti.lib, "cuptiSetThreadIdType"));
   if (!ok) {
     dlclose(cupti.lib);
     cupti.lib = nullptr;
@@ -216,8 +226,13 @@ bool api_wanted(const std::string& name, bool runtime) {
 }
 
 // Enables (or disables) the wanted runtime and driver API records, by callback id.
+//
+// A per-function switch turned on after the CUDA context exists records nothing while
+// the kind of API records is off (CUPTI 13 on a card: the switches only filter the kind).
+// So the two API kinds are switched on whole and every unwanted function is switched off
+// after it; switching a kind on again forgets those choices, so this runs at each start.
 bool set_apis(bool on) {
-  if (on && enabled_apis.empty()) {
+  if (on && all_apis.empty()) {
     for (int runtime = 0; runtime < 2; ++runtime) {
       auto domain = runtime ? CUPTI_CB_DOMAIN_RUNTIME_API : CUPTI_CB_DOMAIN_DRIVER_API;
       uint32_t size = runtime ? static_cast<uint32_t>(CUPTI_RUNTIME_TRACE_CBID_SIZE)
@@ -225,15 +240,28 @@ bool set_apis(bool on) {
       for (uint32_t cbid = 1; cbid < size; ++cbid) {
         const char* n = nullptr;
         if (cupti.callback_name(domain, cbid, &n) != CUPTI_SUCCESS || n == nullptr) continue;
-        if (api_wanted(n, runtime != 0)) enabled_apis.emplace_back(domain, cbid);
+        all_apis.push_back({domain, cbid, api_wanted(n, runtime != 0)});
       }
     }
   }
-  for (auto [domain, cbid] : enabled_apis) {
-    CUptiResult r = domain == CUPTI_CB_DOMAIN_RUNTIME_API ? cupti.enable_runtime_api(cbid, on ? 1 : 0)
-                                                          : cupti.enable_driver_api(cbid, on ? 1 : 0);
-    if (r != CUPTI_SUCCESS && on) {
+  if (!on) {
+    cupti.activity_disable(CUPTI_ACTIVITY_KIND_RUNTIME);
+    cupti.activity_disable(CUPTI_ACTIVITY_KIND_DRIVER);
+    return true;
+  }
+  for (CUpti_ActivityKind k : {CUPTI_ACTIVITY_KIND_RUNTIME, CUPTI_ACTIVITY_KIND_DRIVER}) {
+    CUptiResult r = cupti.activity_enable(k);
+    if (r != CUPTI_SUCCESS) {
       set_error("CUPTI could not enable API records: " + result_text(r));
+      return false;
+    }
+  }
+  for (const ApiSwitch& a : all_apis) {
+    CUptiResult r = a.domain == CUPTI_CB_DOMAIN_RUNTIME_API ? cupti.enable_runtime_api(a.cbid, a.wanted ? 1 : 0)
+                                                            : cupti.enable_driver_api(a.cbid, a.wanted ? 1 : 0);
+    // a function this CUPTI does not trace cannot be switched: it records nothing anyway
+    if (r != CUPTI_SUCCESS && r != CUPTI_ERROR_INVALID_PARAMETER && r != CUPTI_ERROR_NOT_SUPPORTED) {
+      set_error("CUPTI could not filter API records: " + result_text(r));
       return false;
     }
   }
@@ -414,6 +442,7 @@ int dflash_activity_start(uint64_t (*clock)(), size_t buffer_size) {
   if (!load_cupti()) return -1;
   clock_fn = clock;
   if (buffer_size >= (64u << 10)) buffer_bytes = buffer_size;
+  if (cupti.set_thread_id_type != nullptr) cupti.set_thread_id_type(CUPTI_ACTIVITY_THREAD_ID_TYPE_SYSTEM);
   CUptiResult r = cupti.register_timestamp(timestamp);
   if (r == CUPTI_SUCCESS) r = cupti.register_callbacks(buffer_requested, buffer_completed);
   if (r != CUPTI_SUCCESS) {

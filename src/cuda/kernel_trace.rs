@@ -468,6 +468,28 @@ pub fn merge(input: &MergeInput, w: &mut EventWriter) -> MergeReport {
         }
     }
 
+    // records of one stream run one after another, but CUPTI's converted timestamps can
+    // overlap by a few hundred ns: cut the earlier one at the next one's start
+    let mut per_track: HashMap<(u32, u32), Vec<usize>> = HashMap::new();
+    for (i, g) in gpu.iter().enumerate() {
+        let a = &acts[g.idx];
+        per_track
+            .entry((a.device, track_of[&(a.device, a.stream)]))
+            .or_default()
+            .push(i);
+    }
+    for list in per_track.values_mut() {
+        list.sort_by_key(|&i| (gpu[i].ts, gpu[i].end));
+        for w in 1..list.len() {
+            let next = gpu[list[w]].ts;
+            let g = &mut gpu[list[w - 1]];
+            if g.end > next {
+                g.end = next.max(g.ts);
+                rep.trimmed += 1;
+            }
+        }
+    }
+
     // 6. section figures: kernels launched in each GPU-timed section, their busy time
     for s in spans {
         let e = rep.sections.entry(s.name.clone()).or_default();

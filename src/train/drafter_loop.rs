@@ -333,10 +333,9 @@ impl DrafterLoop<'_> {
                 .as_ref()
                 .map(|c| format!("  {}", c.describe()))
                 .unwrap_or_default();
-            eprintln!(
-                "{}{cuda}",
-                run_log::live_summary(&rec.stats_snapshot(), layers, tokens)
-            );
+            if let Some(line) = run_log::live_summary(&rec.stats_snapshot(), layers, tokens) {
+                eprintln!("{line}{cuda}");
+            }
         }
     }
 

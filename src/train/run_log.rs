@@ -202,8 +202,10 @@ impl RunLog {
 
 /// One line: share of the step per top-level drafter section, queue waits on both sides,
 /// GPU vs CPU time of the step, from the recorder's totals since the last line.
-pub fn live_summary(stats: &trace::Stats, layers: usize, tokens_per_step: i64) -> String {
+pub fn live_summary(stats: &trace::Stats, layers: usize, tokens_per_step: i64) -> Option<String> {
     let get = |n: &str| stats.names.iter().find(|s| &*s.text == n);
+    // no step drained yet (the writer takes up to 100 ms): nothing to say
+    get(STEP).filter(|s| s.count > 0 && s.cpu_ns > 0)?;
     let step_cpu = get(STEP).map_or(0, |s| s.cpu_ns).max(1) as f64;
     let steps = get(STEP).map_or(0, |s| s.count).max(1) as f64;
     let mut parts: Vec<(String, u64)> = STEP_SECTIONS
@@ -233,7 +235,7 @@ pub fn live_summary(stats: &trace::Stats, layers: usize, tokens_per_step: i64) -
     } else {
         String::new()
     };
-    format!(
+    Some(format!(
         "  profile: step {:.1} ms ({:.0} tok/s) = {}  | queue wait: drafter {:.1} ms, target {:.1} ms per step{}",
         step_cpu / 1e6 / steps,
         tokens_per_step as f64 / (step_cpu / 1e9 / steps),
@@ -241,7 +243,7 @@ pub fn live_summary(stats: &trace::Stats, layers: usize, tokens_per_step: i64) -
         DRAFTER_WAITS.iter().map(|n| wait(n)).sum::<f64>(),
         wait(TARGET_WAIT),
         gpu_part
-    )
+    ))
 }
 
 /// Why `fidelity.json` could not be made.
@@ -347,7 +349,7 @@ mod tests {
             ],
             ..Default::default()
         };
-        let s = live_summary(&stats, 2, 1000);
+        let s = live_summary(&stats, 2, 1000).expect("two steps drained");
         // 10 ms a step, 1000 tokens: 100000 tok/s; backward 50%, the layers 30%
         assert!(
             s.starts_with("  profile: step 10.0 ms (100000 tok/s) = backward 50%, layers 30%"),
@@ -357,5 +359,11 @@ mod tests {
             s.ends_with("queue wait: drafter 0.5 ms, target 1.5 ms per step"),
             "{s}"
         );
+        // before the writer drained a step there is no line (not 'step 0.0 ms')
+        let none = trace::Stats {
+            names: vec![stat("drafter.backward", 1, 1_000_000)],
+            ..Default::default()
+        };
+        assert_eq!(live_summary(&none, 2, 1000), None);
     }
 }
