@@ -11,20 +11,8 @@ bin="${1:-target/release/dflash}"
 out="${2:-gpu-runs}"
 peer="${3:-}"
 pairs="${PAIRS:-3}"
-py="${PYTHON:-python3}"
-torch_dir="$("$py" -c 'import torch, os; print(os.path.dirname(torch.__file__))')"
-site="$(dirname "$torch_dir")"
-export LD_LIBRARY_PATH="$torch_dir/lib:$site/nvidia/cu13/lib:${LD_LIBRARY_PATH:-}"
-mkdir -p "$out"
-{
-  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader || true
-  "$py" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.get_device_name(0))'
-  "$bin" --version
-} | tee "$out/device.txt"
-
-common=(--target-preset realistic --set synthetic_seq_len=2048 --set seq_len=2048 --set batch_tokens=2048
-  --set num_anchors=256 --set block_size=16 --set drafter_layers=3 --set chunk_blocks=32
-  --target-devices cuda:0 --drafter-device cuda:0 --set log_every=20 --set summary_every=5 --set save_checkpoints=false)
+source "$(dirname "${BASH_SOURCE[0]}")/gpu-common.sh"
+common+=(--set summary_every=5)
 run() { local name="$1"; shift; echo "== $name: $*"; "$bin" train "${common[@]}" "$@" 2>&1 | tee "$out/$name.log"; }
 
 DFLASH_KERNEL_DUMP="$out/kernels-capture.json.gz" \

@@ -596,6 +596,8 @@ pub fn merge(input: &MergeInput, w: &mut EventWriter) -> MergeReport {
         });
         rep.api_calls += 1;
     }
+    // devices whose overhead records went on their own track, named after the loop
+    let mut overhead_tracks: std::collections::BTreeSet<u32> = Default::default();
     for a in acts {
         match a.kind {
             ActivityKind::Sync => {
@@ -642,6 +644,7 @@ pub fn merge(input: &MergeInput, w: &mut EventWriter) -> MergeReport {
                             if named_devices.insert(a.device) {
                                 name_device(w, a.device);
                             }
+                            overhead_tracks.insert(a.device);
                             (a.device, OVERHEAD_TID)
                         }
                     },
@@ -665,12 +668,7 @@ pub fn merge(input: &MergeInput, w: &mut EventWriter) -> MergeReport {
             _ => {}
         }
     }
-    let overhead_devices: std::collections::BTreeSet<u32> = acts
-        .iter()
-        .filter(|a| a.kind == ActivityKind::Overhead && !by_os.contains_key(&a.tid))
-        .map(|a| a.device)
-        .collect();
-    for d in overhead_devices {
+    for d in overhead_tracks {
         w.meta(&Meta::ThreadName {
             pid: d,
             tid: OVERHEAD_TID,
