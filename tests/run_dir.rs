@@ -12,7 +12,7 @@ use serde_json::Value;
 
 mod common;
 use common::{
-    leftovers, metric_lines, metric_steps, signal, spawn_train, stderr, train, train_ok,
+    analyzer, leftovers, metric_lines, metric_steps, signal, spawn_train, stderr, train, train_ok,
     wait_for_steps,
 };
 
@@ -129,6 +129,21 @@ fn a_resumed_traced_run_writes_the_next_trace_file_and_metrics_hold_each_step_on
         [run.join("trace.json"), run.join("trace.1.json")]
     );
     assert_eq!(metric_steps(&run), (0..8).collect::<Vec<_>>());
+    // the analyzer reads both segments as one run, on one clock
+    let out = std::process::Command::new(analyzer())
+        .args(["breakdown", "--json"])
+        .arg(&run)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["steps"]["count"], 8, "{}", report["steps"]);
+    assert_eq!(
+        report["warnings"].as_array().map_or(0, |w| w.len()),
+        0,
+        "{}",
+        report["warnings"]
+    );
 }
 
 #[test]

@@ -196,6 +196,13 @@ fn run() -> anyhow::Result<Outcome> {
                     s.scan_seconds,
                     s.seconds - s.scan_seconds,
                 ))?;
+                // A resumed run's segments, in the order they were joined.
+                if s.segments.len() > 1 {
+                    for (k, f) in s.segments.iter().enumerate() {
+                        let n = s.segments.len();
+                        emit(&format!("  file {} of {n}: {}\n", k + 1, f.display()))?;
+                    }
+                }
             }
         }
         Command::Synth(a) => {
@@ -207,6 +214,7 @@ fn run() -> anyhow::Result<Outcome> {
                 scale: a.scale,
                 host_factor: a.host_factor,
                 gpu: !a.no_gpu,
+                ..Default::default()
             };
             if a.out.as_os_str() == "-" {
                 synth::write_trace(io::BufWriter::new(io::stdout().lock()), &spec)?;

@@ -34,6 +34,12 @@ pub struct SynthSpec {
     pub host_factor: f64,
     /// Write GPU spans (as on a CUDA device).
     pub gpu: bool,
+    /// The number of the first step (a resumed run's trace continues its numbering).
+    pub first_step: u32,
+    /// `baseTimeNanoseconds`: Unix ns of the trace's time zero.
+    pub base_time_ns: u128,
+    /// The trainer's pid (a resumed run is a new process).
+    pub pid: u32,
 }
 
 impl Default for SynthSpec {
@@ -46,11 +52,13 @@ impl Default for SynthSpec {
             scale: Vec::new(),
             host_factor: 1.0,
             gpu: true,
+            first_step: 0,
+            base_time_ns: 1_764_750_000_123_456_789,
+            pid: 4242,
         }
     }
 }
 
-const PID: u32 = 4242;
 const GPU_PID: u32 = 0;
 const TARGET_TID: u32 = 1;
 const DRAFTER_TID: u32 = 2;
@@ -152,7 +160,7 @@ impl<W: Write> Writer<W> {
         self.events.span(&Span {
             cat,
             name,
-            pid: PID,
+            pid: self.spec.pid,
             tid,
             ts_ns: ns(ts),
             dur_ns: ns(dur),
@@ -219,7 +227,7 @@ impl<W: Write> Writer<W> {
         self.events.counter(&Counter {
             cat: Text::Plain(dflash::QUEUE_COUNTER),
             name: Text::Plain(dflash::QUEUE_COUNTER),
-            pid: PID,
+            pid: self.spec.pid,
             ts_ns: ns(ts),
             args: &[u64_arg(dflash::QUEUE_DEPTH, depth.into())],
         });
@@ -273,14 +281,14 @@ fn header(spec: &SynthSpec) -> io::Result<String> {
         "git_revision": "synthetic",
         "devices": devices,
         (meta::GPU_TIMING): timing,
-        "trace_steps": format!("0..{}", spec.steps),
+        "trace_steps": format!("{}..{}", spec.first_step, spec.first_step + spec.steps),
         "config": {"seed": spec.seed},
     });
     let serde_json::Value::Object(metadata) = metadata else {
         unreachable!("a JSON object literal")
     };
     Header {
-        base_time_ns: 1_764_750_000_123_456_789,
+        base_time_ns: spec.base_time_ns,
         distributed: &DistributedInfo::default(),
         devices: &[DeviceEntry {
             id: 0,
@@ -304,7 +312,7 @@ pub fn write_trace<W: Write>(mut out: W, spec: &SynthSpec) -> io::Result<()> {
         next_flow: 1,
     };
     w.events.meta(&Meta::ProcessName {
-        pid: PID,
+        pid: spec.pid,
         name: "dflash trainer",
     });
     for (tid, name) in [
@@ -312,7 +320,7 @@ pub fn write_trace<W: Write>(mut out: W, spec: &SynthSpec) -> io::Result<()> {
         (DRAFTER_TID, "drafter cuda:0"),
     ] {
         w.events.meta(&Meta::ThreadName {
-            pid: PID,
+            pid: spec.pid,
             tid,
             name,
         });
@@ -338,7 +346,7 @@ pub fn write_trace<W: Write>(mut out: W, spec: &SynthSpec) -> io::Result<()> {
         gpu_target: 0.0,
         depth: 0,
     };
-    for step in 0..spec.steps {
+    for step in spec.first_step..spec.first_step + spec.steps {
         write_step(&mut w, &sections, &mut clock, step)?;
     }
     w.events.finish();

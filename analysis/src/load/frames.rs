@@ -13,6 +13,7 @@ use polars::prelude::*;
 
 use super::nesting::{nest_and_step, track_order, Nested, NO_ROW};
 use super::raw::{ArgColumn, ArgKey, Raw, NO_SPAN, NO_STEP};
+use super::segments::Superseded;
 use crate::warning::Warning;
 
 /// The columns of the spans frame, in order, with what they hold.
@@ -211,7 +212,14 @@ fn flows_frame(f: FlowCols) -> PolarsResult<DataFrame> {
     )
 }
 
-pub(crate) fn build(mut raw: Raw, run: &str, warnings: &mut Vec<Warning>) -> PolarsResult<Built> {
+/// The frames of `raw`; the rows in `superseded` lose the steps listed there (a step a
+/// later segment of the run traced again).
+pub(crate) fn build(
+    mut raw: Raw,
+    superseded: &[Superseded],
+    run: &str,
+    warnings: &mut Vec<Warning>,
+) -> PolarsResult<Built> {
     use std::mem::take;
     let flows = FlowCols {
         id: take(&mut raw.flow_id),
@@ -224,14 +232,19 @@ pub(crate) fn build(mut raw: Raw, run: &str, warnings: &mut Vec<Warning>) -> Pol
     // The flows table needs nothing from the spans: build it on a second core meanwhile.
     let (flows, built) = rayon::join(
         move || flows_frame(flows),
-        || build_spans(raw, run, warnings),
+        || build_spans(raw, superseded, run, warnings),
     );
     let mut built = built?;
     built.flows = flows?;
     Ok(built)
 }
 
-fn build_spans(raw: Raw, run: &str, warnings: &mut Vec<Warning>) -> PolarsResult<Built> {
+fn build_spans(
+    raw: Raw,
+    superseded: &[Superseded],
+    run: &str,
+    warnings: &mut Vec<Warning>,
+) -> PolarsResult<Built> {
     let n = raw.span_ts.len();
     // Track labels: the thread name, made unique with its pid when two tracks share it.
     let track_labels = track_labels(&raw);
@@ -304,8 +317,9 @@ fn build_spans(raw: Raw, run: &str, warnings: &mut Vec<Warning>) -> PolarsResult
         depth,
         parent,
         self_us,
-        step,
+        mut step,
     } = nested;
+    Superseded::unstep(superseded, &mut step);
 
     // 5. Top level: parent is none, a step, or an envelope.
     let envelope_ids: Vec<u32> = ENVELOPES.iter().filter_map(|e| interned.get(e)).collect();

@@ -65,19 +65,28 @@ pub struct Skipped {
     pub first_offset: u64,
     /// What was wrong with the first one.
     pub example: String,
+    /// The file of the first one, when a run directory was read in several segments
+    /// (`first_event` and `first_offset` are in that file).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub file: Option<String>,
 }
 
 impl fmt::Display for Skipped {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "{} event{} {} (first: event {}, byte {}: {})",
+            "{} event{} {} (first: ",
             self.count,
             if self.count == 1 { "" } else { "s" },
             self.reason.phrase(),
-            self.first_event,
-            self.first_offset,
-            self.example
+        )?;
+        if let Some(file) = &self.file {
+            write!(f, "{file} ")?;
+        }
+        write!(
+            f,
+            "event {}, byte {}: {})",
+            self.first_event, self.first_offset, self.example
         )
     }
 }
@@ -106,6 +115,7 @@ impl Skips {
                 first_event: event,
                 first_offset: offset,
                 example: what(),
+                file: None,
             });
     }
 
@@ -126,6 +136,23 @@ impl Skips {
     pub fn into_list(self) -> Vec<Skipped> {
         self.by.into_values().collect()
     }
+}
+
+/// The skips of several files (the segments of a run directory, in order) as one list:
+/// counts summed by reason, the first example kept with the file it came from.
+pub fn join_files(files: Vec<(String, Vec<Skipped>)>) -> Vec<Skipped> {
+    let mut by: BTreeMap<SkipReason, Skipped> = BTreeMap::new();
+    for (file, list) in files {
+        for s in list {
+            by.entry(s.reason)
+                .and_modify(|mine| mine.count += s.count)
+                .or_insert_with(|| Skipped {
+                    file: Some(file.clone()),
+                    ..s
+                });
+        }
+    }
+    by.into_values().collect()
 }
 
 /// The one-line summary of the problem skips, `None` when there are none.
@@ -177,6 +204,30 @@ mod tests {
                 "skipped 4 events it cannot use: 1 without `name`, 3 with an unusable `pid`/`tid`"
             ),
             "{line}"
+        );
+    }
+
+    #[test]
+    fn files_join_by_reason_and_name_the_file_of_the_first_example() {
+        let mut a = Skips::default();
+        a.add(SkipReason::BadId, 3, 100, || "pid 1.5".into());
+        let mut b = Skips::default();
+        b.add(SkipReason::BadId, 0, 900, || "later".into());
+        b.add(SkipReason::NoName, 2, 950, || "no name".into());
+        b.add(SkipReason::NoName, 4, 990, || "again".into());
+        let list = join_files(vec![
+            ("trace.json".into(), a.into_list()),
+            ("trace.1.json".into(), b.into_list()),
+        ]);
+        assert_eq!(list.len(), 2);
+        assert_eq!(list[0].reason, SkipReason::NoName);
+        assert_eq!((list[0].count, list[0].first_event), (2, 2));
+        assert_eq!(list[0].file.as_deref(), Some("trace.1.json"));
+        assert_eq!(list[1].reason, SkipReason::BadId);
+        assert_eq!((list[1].count, list[1].first_offset), (2, 100));
+        assert_eq!(
+            list[1].to_string(),
+            "2 events with an unusable `pid`/`tid` (first: trace.json event 3, byte 100: pid 1.5)"
         );
     }
 

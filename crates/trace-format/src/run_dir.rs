@@ -6,7 +6,9 @@
 //! segment of the run: the first run writes `trace.json`, each `--resume` with `--trace`
 //! writes the next free `trace.N.json` (N = 1, 2, ...), so nothing earlier is
 //! overwritten. `--trace-gzip` appends `.gz`. Read them in segment order:
-//! [`trace_files`].
+//! [`trace_files`]. Each segment's `ts` count from its own process's time zero; a reader
+//! that joins them puts a later segment on the first one's clock by the difference of
+//! their `baseTimeNanoseconds` (`dflash-analyze` does).
 use std::path::{Path, PathBuf};
 
 pub const CONFIG: &str = "config.toml";
