@@ -11,7 +11,7 @@ use chrome_trace_format::dflash as names;
 use serde_json::Value;
 
 mod common;
-use common::{dflash, spawn_endless_traced, wait_for_steps, SMALL};
+use common::{analyzer, dflash, spawn_endless_traced, wait_for_steps, SMALL};
 
 fn load(path: &Path) -> Value {
     serde_json::from_str(&std::fs::read_to_string(path).unwrap())
@@ -233,17 +233,6 @@ fn sigint_stops_cleanly_with_a_complete_trace_and_a_checkpoint() {
 
 /// The analyzer binary of the same build (another package of the workspace, so cargo
 /// does not hand its path to this test; `cargo test --workspace` builds it).
-fn analyzer() -> std::path::PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let dir = exe.parent().and_then(|d| d.parent()).unwrap();
-    let bin = dir.join(format!("dflash-analyze{}", std::env::consts::EXE_SUFFIX));
-    assert!(
-        bin.exists(),
-        "{} is missing: run the tests with `cargo test --workspace`",
-        bin.display()
-    );
-    bin
-}
 
 #[test]
 fn sigkill_leaves_a_trace_the_analyzer_loads() {
@@ -363,4 +352,177 @@ fn recorded_gpu_trace_has_matched_flows_and_gpu_spans_inside_their_steps() {
         .map(|e| (e["pid"].as_u64().unwrap(), e["tid"].as_u64().unwrap()))
         .collect();
     assert_eq!(tracks.len(), 2, "{tracks:?}");
+}
+
+fn load_gz(rel: &str) -> Value {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(rel);
+    let mut text = String::new();
+    std::io::Read::read_to_string(
+        &mut flate2::read::GzDecoder::new(std::fs::File::open(path).unwrap()),
+        &mut text,
+    )
+    .unwrap();
+    serde_json::from_str(&text).unwrap()
+}
+
+const KERNEL_FIXTURE: &str = "fixtures/traces/h100-kernels.json.gz";
+
+#[test]
+/// A real `--trace-kernels` run (committed by scripts/gpu-kernels.sh, see
+/// docs/gpu-results.md): the structure of every GPU trace, plus every kernel, copy and set
+/// inside the GPU span of the section that launched it (correlation -> the launching call
+/// -> the innermost GPU-timed CPU span open on the call's thread -> its flow -> that
+/// span's GPU side), every runtime call inside a CPU span of its thread, and every launch
+/// flow matched: one start at a call and one end at a GPU record of that correlation.
+fn recorded_kernel_trace_nests_kernels_and_calls_in_their_sections_with_matched_flows() {
+    let trace = load_gz(KERNEL_FIXTURE);
+    let want: Vec<String> = (8..11).map(|i| format!("ProfilerStep#{i}")).collect();
+    check_structure(
+        &trace,
+        3,
+        &want.iter().map(|s| s.as_str()).collect::<Vec<_>>(),
+    );
+    let events = trace["traceEvents"].as_array().unwrap();
+    let xs = spans(&trace);
+    let f = |e: &Value, k: &str| e[k].as_f64().unwrap();
+    let track = |e: &Value| (e["pid"].as_u64().unwrap(), e["tid"].as_u64().unwrap());
+    let is_gpu_record = |e: &Value| {
+        matches!(
+            e["cat"].as_str(),
+            Some("kernel" | "gpu_memcpy" | "gpu_memset")
+        )
+    };
+    let is_call = |e: &Value| matches!(e["cat"].as_str(), Some("cuda_runtime" | "cuda_driver"));
+    let records: Vec<&&Value> = xs.iter().filter(|e| is_gpu_record(e)).collect();
+    let calls: Vec<&&Value> = xs.iter().filter(|e| is_call(e)).collect();
+    assert!(records.iter().filter(|e| e["cat"] == "kernel").count() > 1000);
+    assert!(
+        calls.len() > 1000,
+        "runtime/driver calls captured: {}",
+        calls.len()
+    );
+
+    // CPU spans by track; GPU-timed ones (flow_out) give their GPU span by bind_id
+    let gpu_by_flow: BTreeMap<u64, &&Value> = xs
+        .iter()
+        .filter(|e| e["cat"] == "gpu")
+        .map(|e| (e["bind_id"].as_u64().unwrap(), e))
+        .collect();
+    let mut cpu_by_track: BTreeMap<(u64, u64), Vec<&&Value>> = BTreeMap::new();
+    for e in xs.iter().filter(|e| e["cat"] == "cpu") {
+        cpu_by_track.entry(track(e)).or_default().push(e);
+    }
+    let call_by_corr: BTreeMap<u64, &&Value> = calls
+        .iter()
+        .map(|c| (c["args"]["correlation"].as_u64().unwrap(), *c))
+        .collect();
+
+    // every call on a recorder thread lies in a CPU span of that thread
+    let (mut on_recorder_threads, mut between) = (0, 0);
+    for c in &calls {
+        let Some(cpu) = cpu_by_track.get(&track(c)) else {
+            continue; // a thread that recorded no span (autograd's): its own track
+        };
+        on_recorder_threads += 1;
+        let (a, b) = (f(c, "ts"), f(c, "ts") + f(c, "dur"));
+        if !cpu
+            .iter()
+            .any(|s| f(s, "ts") <= a + 1e-3 && b <= f(s, "ts") + f(s, "dur") + 1e-3)
+        {
+            // between sections: only the recorder's closing event records and the
+            // queue's hand-off (an event recorded by the target, waited on by the drafter)
+            assert!(
+                matches!(
+                    c["name"].as_str(),
+                    Some("cuEventRecord" | "cudaEventRecord" | "cudaStreamWaitEvent")
+                ),
+                "{c} lies in no CPU span of its thread"
+            );
+            between += 1;
+        }
+    }
+    assert!(on_recorder_threads > 100);
+    assert!(
+        between * 50 < on_recorder_threads,
+        "{between} of {on_recorder_threads} calls between sections"
+    );
+
+    // every GPU record launched inside a GPU-timed section lies in that section's GPU span
+    // (records launched before the window, or by the target's next steps, have no call
+    // in the trace; autograd's launches sit on a track without sections)
+    let (mut checked, mut launched_in_sections) = (0, 0);
+    for r in &records {
+        let corr = r["args"]["correlation"].as_u64().unwrap();
+        let Some(call) = call_by_corr.get(&corr) else {
+            continue;
+        };
+        let Some(cpu) = cpu_by_track.get(&track(call)) else {
+            continue;
+        };
+        launched_in_sections += 1;
+        let t = f(call, "ts");
+        let section = cpu
+            .iter()
+            .filter(|s| s["flow_out"] == true && f(s, "ts") <= t && t <= f(s, "ts") + f(s, "dur"))
+            .filter(|s| gpu_by_flow[&s["bind_id"].as_u64().unwrap()]["pid"] == r["pid"])
+            .max_by(|a, b| f(a, "ts").partial_cmp(&f(b, "ts")).unwrap());
+        let Some(section) = section else { continue };
+        let g = gpu_by_flow[&section["bind_id"].as_u64().unwrap()];
+        assert_eq!(
+            track(g),
+            track(r),
+            "{r} is not on its section's stream track"
+        );
+        let (a, b) = (f(r, "ts"), f(r, "ts") + f(r, "dur"));
+        assert!(
+            f(g, "ts") - 1e-3 <= a && b <= f(g, "ts") + f(g, "dur") + 1e-3,
+            "{} [{a}, {b}] outside {} [{}, {}]",
+            r["name"],
+            g["name"],
+            f(g, "ts"),
+            f(g, "ts") + f(g, "dur")
+        );
+        checked += 1;
+    }
+    // all but the launches of sections without GPU timing (drafter.metrics, anchors)
+    assert!(
+        checked * 100 >= launched_in_sections * 95 && checked > 1000,
+        "{checked} of {launched_in_sections} records launched in sections checked"
+    );
+
+    // launch flows: one start at its call, one end at its GPU record, per correlation
+    let record_by_corr: BTreeMap<u64, &&Value> = records
+        .iter()
+        .map(|r| (r["args"]["correlation"].as_u64().unwrap(), *r))
+        .collect();
+    let mut starts: BTreeMap<u64, &Value> = BTreeMap::new();
+    let mut ends: BTreeMap<u64, &Value> = BTreeMap::new();
+    for e in events.iter().filter(|e| e["cat"] == "ac2g") {
+        let id = e["id"].as_u64().unwrap();
+        let slot = match e["ph"].as_str() {
+            Some("s") => &mut starts,
+            Some("f") => &mut ends,
+            other => panic!("ac2g phase {other:?}"),
+        };
+        assert!(
+            slot.insert(id, e).is_none(),
+            "flow {id} has two {} events",
+            e["ph"]
+        );
+    }
+    assert!(starts.len() > 1000);
+    assert_eq!(
+        starts.keys().collect::<Vec<_>>(),
+        ends.keys().collect::<Vec<_>>(),
+        "every launch flow has both ends"
+    );
+    for (id, s) in &starts {
+        let call = call_by_corr[id];
+        assert_eq!(track(s), track(call));
+        assert!((f(s, "ts") - f(call, "ts")).abs() < 1e-3);
+        let end = ends[id];
+        let rec = record_by_corr[id];
+        assert_eq!(track(end), track(rec));
+        assert!((f(end, "ts") - f(rec, "ts")).abs() < 1e-3);
+    }
 }

@@ -9,7 +9,10 @@
 //!   Kernels, copies and sets go on the GPU stream track where the recorder put the GPU
 //!   spans of the same stream: CUPTI's stream id is matched to a track by where the
 //!   launching CPU section's GPU span went (a vote per stream); streams with no GPU span
-//!   get a track of their own, `stream <id> (CUDA)`.
+//!   get a track of their own, `stream <id> (CUDA)`. A launch from a thread that recorded
+//!   nothing belongs to the innermost GPU-timed section open on any thread at that moment
+//!   whose GPU span is on the record's stream track (the backward's kernels belong to the
+//!   section that called backward).
 //! - **Clock.** CUPTI takes its timestamps from the recorder's clock, so calls land on
 //!   their CPU spans as they are. GPU spans are placed from CUDA events by a calibration
 //!   that may be off by microseconds, so GPU records are moved onto them: for each
@@ -18,8 +21,11 @@
 //!   when several do. GPU records launched elsewhere take the shift of the outermost span
 //!   they fall in (or the last one before them). What still crosses a GPU span's edge is
 //!   cut at the edge (`trimmed`), so every track stays properly nested.
-//! - **Window.** Records outside the traced window are left out: calls outside their
-//!   thread's recorded extent, GPU records whose launch was left out.
+//! - **Window.** Calls outside their thread's recorded extent (for a thread that recorded
+//!   nothing: outside the window, from the first recorded event of any thread to the last)
+//!   are left out. A GPU record whose launch was left out is kept, without a flow, when it
+//!   starts inside the window (the GPU ran it then: work launched before the window, or
+//!   by a thread that runs ahead of the others), and left out otherwise.
 //! - **Flows.** Each launch gets Kineto's `ac2g` flow to its kernel (`s` on the call,
 //!   `f` on the kernel, id = the correlation id).
 //! - **Names.** Kineto's categories (`kernel`, `gpu_memcpy`, `gpu_memset`,
@@ -350,6 +356,35 @@ pub fn merge(input: &MergeInput, w: &mut EventWriter) -> MergeReport {
         if !track_of.contains_key(&(device, stream)) && taken.insert((device, t)) {
             track_of.insert((device, stream), t);
         }
+    }
+    // records launched by threads that recorded no span (autograd's workers run the
+    // backward's launches while the thread that called backward waits in its section):
+    // the innermost GPU-timed section open on any thread at the launch whose GPU span is
+    // on the record's stream track
+    let mut by_cpu_start: Vec<usize> = (0..spans.len()).collect();
+    by_cpu_start.sort_by_key(|&i| spans[i].cpu_ts_ns);
+    for g in gpu.iter_mut().filter(|g| g.section.is_none()) {
+        let (Some(l), a) = (g.launch, &acts[g.idx]) else {
+            continue;
+        };
+        if input.threads.iter().any(|t| t.tid == l.tid) {
+            continue;
+        }
+        let Some(&track) = track_of.get(&(a.device, a.stream)) else {
+            continue;
+        };
+        let t = l.ts as u64;
+        let upto = by_cpu_start.partition_point(|&i| spans[i].cpu_ts_ns <= t);
+        g.section = by_cpu_start[..upto]
+            .iter()
+            .rev()
+            .take(4096)
+            .copied()
+            .filter(|&i| {
+                let s = &spans[i];
+                s.device == a.device && s.track == track && t <= s.cpu_end_ns
+            })
+            .max_by_key(|&i| spans[i].cpu_ts_ns);
     }
     let mut named_devices: std::collections::BTreeSet<u32> =
         spans.iter().map(|s| s.device).collect();

@@ -141,9 +141,41 @@ fn kernels_land_inside_the_gpu_span_of_the_section_that_launched_them() {
         (fc.spans, fc.kernels, fc.kernel_ns, fc.gpu_ns),
         (1, 2, 17_700, 18_000)
     );
-    // drafter.step: everything its thread launched (k1, k2, loss, side); not the autograd
-    // thread's kernel, nor the copy
-    assert_eq!(rep.sections["drafter.step"].kernels, 4);
+    // drafter.step: everything its thread launched (k1, k2, loss, side) and the autograd
+    // thread's kernel, launched while drafter.step was open on its stream; not the copy
+    assert_eq!(rep.sections["drafter.step"].kernels, 5);
+}
+
+#[test]
+fn a_launch_from_a_thread_without_spans_belongs_to_the_section_open_on_its_stream() {
+    // drafter.backward waits on the recorded thread (44..46 us) while autograd's thread
+    // launches "backward" (45 us), which runs at 58.1..58.4 us (+ the skew)
+    let mut input = input();
+    input.activities[9].start = 58_100 + BASE + SKEW;
+    input.activities[9].end = 58_400 + BASE + SKEW;
+    input
+        .gpu_spans
+        .push(span("drafter.backward", (58_050, 58_600), (44_000, 46_000)));
+    // a span open at the launch on another stream's track is not its section
+    let mut other = span("target.forward", (61_000, 70_000), (44_500, 45_500));
+    other.track = 2;
+    other.stream = 8;
+    other.thread = 2;
+    input.gpu_spans.push(other);
+    input.threads.push(TraceThread {
+        tid: 2,
+        os_tid: 333,
+        first_ns: 0,
+        last_ns: 100_000,
+    });
+    let (rep, evs) = run(&input);
+    let bw = &rep.sections["drafter.backward"];
+    assert_eq!((bw.spans, bw.kernels, bw.kernel_ns), (1, 1, 300));
+    assert_eq!(rep.sections["target.forward"].kernels, 0);
+    // the section's enclosing GPU-timed sections on the thread that opened it count it too
+    assert_eq!(rep.sections["drafter.step"].kernels, 5);
+    assert!(inside(named(&evs, "backward"), (58_050, 58_600)));
+    assert_eq!(rep.unfit_groups, 0);
 }
 
 #[test]
