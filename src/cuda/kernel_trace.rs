@@ -197,15 +197,24 @@ fn launching_span(
     device: u32,
     t: u64,
 ) -> Option<usize> {
-    let list = by_thread.get(&thread)?;
-    // spans of one thread by CPU start; the innermost open one starts last
+    innermost_open(spans, by_thread.get(&thread)?, t, |s| s.device == device)
+}
+
+/// Of `list` (indices into `spans`, by CPU start), the span open on the CPU at `t` that
+/// `keep` accepts and that started last (the innermost).
+fn innermost_open(
+    spans: &[PlacedGpuSpan],
+    list: &[usize],
+    t: u64,
+    keep: impl Fn(&PlacedGpuSpan) -> bool,
+) -> Option<usize> {
     let upto = list.partition_point(|&i| spans[i].cpu_ts_ns <= t);
     list[..upto]
         .iter()
         .rev()
         .take(4096)
         .copied()
-        .filter(|&i| spans[i].device == device && t <= spans[i].cpu_end_ns)
+        .filter(|&i| t <= spans[i].cpu_end_ns && keep(&spans[i]))
         .max_by_key(|&i| spans[i].cpu_ts_ns)
 }
 
@@ -373,18 +382,9 @@ pub fn merge(input: &MergeInput, w: &mut EventWriter) -> MergeReport {
         let Some(&track) = track_of.get(&(a.device, a.stream)) else {
             continue;
         };
-        let t = l.ts as u64;
-        let upto = by_cpu_start.partition_point(|&i| spans[i].cpu_ts_ns <= t);
-        g.section = by_cpu_start[..upto]
-            .iter()
-            .rev()
-            .take(4096)
-            .copied()
-            .filter(|&i| {
-                let s = &spans[i];
-                s.device == a.device && s.track == track && t <= s.cpu_end_ns
-            })
-            .max_by_key(|&i| spans[i].cpu_ts_ns);
+        g.section = innermost_open(spans, &by_cpu_start, l.ts as u64, |s| {
+            s.device == a.device && s.track == track
+        });
     }
     let mut named_devices: std::collections::BTreeSet<u32> =
         spans.iter().map(|s| s.device).collect();
