@@ -30,6 +30,7 @@ fn trainer(target: &model::LoadedTarget, seed: i64) -> DrafterTrainer {
         num_anchors: 8,
         gamma: 4.0,
         chunk_blocks: 16,
+        attn_group_blocks: 32,
         grad_clip: 1.0,
     };
     DrafterTrainer::new(

@@ -409,6 +409,7 @@ fn trainer(target: &model::LoadedTarget, anchors: i64) -> DrafterTrainer {
         num_anchors: anchors,
         gamma: 4.0,
         chunk_blocks: 3,
+        attn_group_blocks: 2,
         grad_clip: 1.0,
     };
     DrafterTrainer::new(

@@ -226,6 +226,7 @@ fn pipeline_equals_the_single_thread_path() {
         num_anchors: cfg.num_anchors,
         gamma: 4.0,
         chunk_blocks: cfg.chunk_blocks,
+        attn_group_blocks: cfg.attn_group_blocks,
         grad_clip: cfg.grad_clip,
     };
     let mut trainer = DrafterTrainer::new(

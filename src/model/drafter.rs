@@ -7,6 +7,7 @@ use tch::nn::{self, Module};
 use tch::Tensor;
 
 use super::layers::{attention, merge_heads, split_heads, Linear, Mlp, RmsNorm, Rope};
+use super::objective::{GroupedMask, QueryGroup};
 use super::qwen3::Qwen3Config;
 use super::ModelError;
 
@@ -191,9 +192,9 @@ impl DrafterLayer {
     }
 
     /// `x + Wo attention(q(x), k/v([ctx ; x]))`. `x` is `[B, Q, H]`, `ctx` `[B, S, H]`,
-    /// `rope` covers the `S + Q` key positions (the last `Q` are the queries'), `mask` is
-    /// `[B, 1, Q, S + Q]` bool.
-    pub fn attn_block(&self, x: &Tensor, ctx: &Tensor, rope: &Rope, mask: &Tensor) -> Tensor {
+    /// `rope` covers the `S + Q` key positions (the last `Q` are the queries'), `mask` the
+    /// block mask group by group: each group's queries attend to its own keys only.
+    pub fn attn_block(&self, x: &Tensor, ctx: &Tensor, rope: &Rope, mask: &GroupedMask) -> Tensor {
         let (s, q_len) = (ctx.size()[1], x.size()[1]);
         // 1. pre-norm; queries from the block only
         let h = self.input_layernorm.forward(x);
@@ -214,13 +215,38 @@ impl DrafterLayer {
         let q = rope.narrow(s, q_len).apply(&q);
         let k = rope.apply(&k);
         // 4. (B, heads, Q, D) -> (B, Q, heads*D) -> (B, Q, H)
-        let a = attention(&q, &k, &v, Some(mask), false);
+        let a = grouped_attention(&q, &k, &v, mask);
         x + self.o_proj.forward(&merge_heads(&a))
     }
 
     /// `x + mlp(post_attention_layernorm(x))`.
     pub fn mlp_block(&self, x: &Tensor) -> Tensor {
         x + self.mlp.forward(&self.post_attention_layernorm.forward(x))
+    }
+}
+
+/// Attention of `q` `[B, Hq, Q, D]` over `k`/`v` `[B, Hkv, S + Q, D]`, one query group at a
+/// time over the group's keys (the first `ctx` context keys and its own block keys).
+fn grouped_attention(q: &Tensor, k: &Tensor, v: &Tensor, mask: &GroupedMask) -> Tensor {
+    let s = mask.seq_len;
+    let keys = |t: &Tensor, g: &QueryGroup| {
+        if g.ctx == s && g.q0 == 0 && s + g.len == t.size()[2] {
+            t.shallow_clone()
+        } else {
+            Tensor::cat(&[t.narrow(2, 0, g.ctx), t.narrow(2, s + g.q0, g.len)], 2)
+        }
+    };
+    let parts: Vec<Tensor> = mask
+        .groups
+        .iter()
+        .map(|(g, m)| {
+            let qg = q.narrow(2, g.q0, g.len);
+            attention(&qg, &keys(k, g), &keys(v, g), Some(m), false)
+        })
+        .collect();
+    match parts.as_slice() {
+        [one] => one.shallow_clone(),
+        _ => Tensor::cat(&parts, 2),
     }
 }
 
@@ -276,12 +302,12 @@ impl Drafter {
 /// The attention masks of one step, by layer type.
 #[derive(Debug)]
 pub struct LayerMasks {
-    pub full: Tensor,
-    pub sliding: Option<Tensor>,
+    pub full: GroupedMask,
+    pub sliding: Option<GroupedMask>,
 }
 
 impl LayerMasks {
-    pub fn for_layer(&self, t: LayerType) -> &Tensor {
+    pub fn for_layer(&self, t: LayerType) -> &GroupedMask {
         match (t, &self.sliding) {
             (LayerType::Sliding, Some(m)) => m,
             _ => &self.full,

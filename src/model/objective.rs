@@ -130,6 +130,90 @@ pub fn block_mask(
         .view([b, 1, q_len, seq_len + q_len])
 }
 
+/// A group of query blocks that attend together: queries `[q0, q0 + len)` and, as keys,
+/// the first `ctx` context positions followed by the group's own block keys
+/// (`[S + q0, S + q0 + len)`). No query of the group may see a key outside them, so
+/// attention over a group's keys equals attention over all `S + Q` keys under the dense
+/// block mask: masked keys add exactly zero.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QueryGroup {
+    pub q0: i64,
+    pub len: i64,
+    pub ctx: i64,
+}
+
+/// Splits the `N` blocks into groups of `group_blocks` and gives each group the context
+/// width its queries need: the largest kept anchor in the group over the batch (a query
+/// sees context keys `kv < anchor`), rounded up so that the group's key count is a
+/// multiple of 16 (the alignment of the fused attention kernels' masks), at most `S`.
+/// `anchors`/`keep` are the host's `[B, N]` values, row-major.
+///
+/// Why: the dense mask is `Q x (S + Q)`, but a query block sees at most its anchor's
+/// prefix and its own `bs` keys. On the realistic shape (S 2048, 256 blocks of 16) the
+/// dense attention computes 6144 keys per query; groups of 32 blocks over sorted anchors
+/// compute about 1700 on average.
+pub fn query_groups(
+    anchors: &[i64],
+    keep: &[bool],
+    num_blocks: i64,
+    seq_len: i64,
+    block_size: i64,
+    group_blocks: i64,
+) -> Vec<QueryGroup> {
+    let n = num_blocks.max(1) as usize;
+    let per = group_blocks.clamp(1, num_blocks.max(1)) as usize;
+    let rows = anchors.len() / n;
+    (0..n)
+        .step_by(per)
+        .map(|first| {
+            let last = (first + per).min(n);
+            let need = (0..rows)
+                .flat_map(|r| (first..last).map(move |j| r * n + j))
+                .filter(|&i| keep[i])
+                .map(|i| anchors[i])
+                .max()
+                .unwrap_or(0)
+                .clamp(0, seq_len);
+            let len = (last - first) as i64 * block_size;
+            let ctx = ((need + len + 15) / 16 * 16 - len).clamp(need, seq_len);
+            QueryGroup {
+                q0: first as i64 * block_size,
+                len,
+                ctx,
+            }
+        })
+        .collect()
+}
+
+/// The dense mask's rows and columns of each group (`[B, 1, len, ctx + len]`), as an
+/// additive mask of `kind` (0 where allowed, -inf elsewhere) that every layer reuses.
+pub fn group_masks(full: &Tensor, groups: &[QueryGroup], seq_len: i64, kind: Kind) -> GroupedMask {
+    let groups = groups
+        .iter()
+        .map(|g| {
+            let rows = full.narrow(2, g.q0, g.len);
+            let allow = Tensor::cat(
+                &[
+                    rows.narrow(3, 0, g.ctx),
+                    rows.narrow(3, seq_len + g.q0, g.len),
+                ],
+                3,
+            );
+            let add = Tensor::zeros(allow.size(), (kind, allow.device()))
+                .masked_fill(&allow.logical_not(), f64::NEG_INFINITY);
+            (*g, add)
+        })
+        .collect();
+    GroupedMask { seq_len, groups }
+}
+
+/// A layer's attention mask, group by group (see [`QueryGroup`]).
+#[derive(Debug)]
+pub struct GroupedMask {
+    pub seq_len: i64,
+    pub groups: Vec<(QueryGroup, Tensor)>,
+}
+
 /// Labels `[B, N, bs]` (`y[b,n,k] = input_ids[anchor + k]`, clamped inside the sequence)
 /// and the weight mask `m = keep * [anchor+k < S] * [k > 0] * loss_mask[anchor+k]` (float).
 pub fn labels_and_mask(

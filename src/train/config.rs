@@ -44,6 +44,9 @@ pub struct TrainConfig {
     pub gamma: f64,
     /// Blocks per lm_head chunk in the loss.
     pub chunk_blocks: i64,
+    /// Blocks per attention query group: each group attends only to the context its
+    /// anchors reach and to its own blocks, instead of the dense `Q x (S + Q)` mask.
+    pub attn_group_blocks: i64,
     pub drafter_layers: i64,
     /// Target layers tapped; empty: the DFlash formula.
     pub target_layer_ids: Vec<usize>,
@@ -100,6 +103,7 @@ impl Default for TrainConfig {
             num_anchors: 32,
             gamma: 0.0,
             chunk_blocks: 16,
+            attn_group_blocks: 32,
             drafter_layers: 2,
             target_layer_ids: Vec::new(),
             sliding_layers: 0,
@@ -196,6 +200,7 @@ impl TrainConfig {
             "num_anchors",
             "gamma",
             "chunk_blocks",
+            "attn_group_blocks",
             "drafter_layers",
             "target_layer_ids",
             "sliding_layers",

@@ -127,6 +127,7 @@ impl DrafterLoop<'_> {
                 objective::default_gamma(cfg.block_size)
             },
             chunk_blocks: cfg.chunk_blocks,
+            attn_group_blocks: cfg.attn_group_blocks,
             grad_clip: cfg.grad_clip,
         };
         let adamw = AdamWConfig {

@@ -96,6 +96,13 @@ pub fn check(cfg: &TrainConfig) -> Result<(), ConfigError> {
         " (0: the reference value)",
     )?;
     int("chunk_blocks", cfg.chunk_blocks, 1, MAX_TOKENS, "")?;
+    int(
+        "attn_group_blocks",
+        cfg.attn_group_blocks,
+        1,
+        MAX_TOKENS,
+        "",
+    )?;
     int("drafter_layers", cfg.drafter_layers, 1, 1024, "")?;
     int(
         "sliding_layers",

@@ -18,6 +18,7 @@ pub struct Load {
     pub seq: i64,
     pub num_anchors: i64,
     pub chunk_blocks: i64,
+    pub attn_group_blocks: i64,
     pub queue_capacity: i64,
 }
 
@@ -37,8 +38,9 @@ pub struct DrafterParts {
     pub weights: u64,
     /// The target's embedding and lm_head copied to the drafter's device.
     pub head: u64,
-    /// Block masks `[B, 1, Q, S + Q]`: a boolean mask and a temporary while it is built,
-    /// and the float mask attention turns it into; twice with sliding layers.
+    /// Block masks: the dense `[B, 1, Q, S + Q]` boolean mask and a temporary while it is
+    /// built, and the float masks of the query groups (`[B, 1, Q, at most S + group]` in
+    /// all); twice with sliding layers.
     pub mask: u64,
     /// Activations saved for the backward pass, and the step's input features.
     pub activations: u64,
@@ -85,10 +87,11 @@ pub fn drafter_step(c: &DrafterConfig, l: &Load, elt: i64) -> DrafterParts {
     };
     let per_token = 6 * h + 3 * i(c.intermediate_size);
     let chunk = i(l.chunk_blocks.min(l.num_anchors));
+    let group = i(l.attn_group_blocks.clamp(1, l.num_anchors.max(1))) * i(c.block_size);
     DrafterParts {
         weights: as_bytes(params * (2 * e + 16)),
         head: as_bytes(2 * i(c.vocab_size) * h * e),
-        mask: as_bytes(masks * b * q * k * (2 + e)),
+        mask: as_bytes(masks * b * q * (2 * k + (s + group) * e)),
         activations: as_bytes(
             i(c.num_hidden_layers) * b * (q * per_token + 2 * s * h) * e + b * s * taps * h * e,
         ),
@@ -218,11 +221,13 @@ mod tests {
             seq: 6,
             num_anchors: 3,
             chunk_blocks: 2,
+            attn_group_blocks: 2,
             queue_capacity: 1,
         };
         let p = drafter_step(&cfg(), &l, 4);
-        // Q = 3 anchors x 4 = 12 queries, 6 + 12 = 18 keys, bool + temp + fp32 mask
-        assert_eq!(p.mask, 2 * 12 * 18 * 6);
+        // Q = 3 anchors x 4 = 12 queries, 6 + 12 = 18 keys: bool + temp over all keys, and
+        // fp32 group masks over at most 6 context keys + a group of 2 blocks (8 keys)
+        assert_eq!(p.mask, 2 * 12 * (18 * 2 + (6 + 8) * 4));
         // q, o: 8x8 each; k, v: 8x4 each; mlp 3x8x16; two norms of 8, two of head_dim 4
         let layer = 64 * 2 + 32 * 2 + 384 + 16 + 8;
         // one layer + fc (1 tap: 8x8) + the context norm and the final norm, 8 each
@@ -248,6 +253,7 @@ mod tests {
             seq: 256,
             num_anchors: 32,
             chunk_blocks: 16,
+            attn_group_blocks: 32,
             queue_capacity: 4,
         };
         let e = check(&c, &l, Device::Cpu, &[Device::Cpu])
@@ -264,6 +270,7 @@ mod tests {
             seq: 8,
             num_anchors: 2,
             chunk_blocks: 1,
+            attn_group_blocks: 1,
             queue_capacity: 1,
         };
         check(&cfg(), &small, Device::Cpu, &[Device::Cpu]).unwrap();

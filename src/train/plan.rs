@@ -241,6 +241,7 @@ fn largest_load(data: &Dataset, cfg: &TrainConfig) -> memory::Load {
         seq,
         num_anchors: cfg.num_anchors,
         chunk_blocks: cfg.chunk_blocks,
+        attn_group_blocks: cfg.attn_group_blocks,
         queue_capacity: cfg.queue_capacity as i64,
     }
 }

@@ -46,6 +46,8 @@ pub struct StepConfig {
     pub num_anchors: i64,
     pub gamma: f64,
     pub chunk_blocks: i64,
+    /// Blocks per attention query group (see `objective::query_groups`).
+    pub attn_group_blocks: i64,
     pub grad_clip: f64,
 }
 
@@ -205,13 +207,22 @@ impl DrafterTrainer {
                     .f_to_kind(self.kind)?,
             )
         };
-        let anchors = {
+        let (anchors, groups) = {
             let _s = trace::span(trace_name!(names::DRAFTER_ANCHORS));
             let a = objective::sample_anchors(&batch.loss_mask, self.cfg.num_anchors, rng)?;
-            objective::Anchors {
+            let groups = objective::query_groups(
+                &Vec::<i64>::try_from(a.anchors.reshape([-1]))?,
+                &Vec::<bool>::try_from(a.keep.reshape([-1]))?,
+                self.cfg.num_anchors,
+                s,
+                bs,
+                self.cfg.attn_group_blocks,
+            );
+            let a = objective::Anchors {
                 anchors: a.anchors.f_to_device(self.device)?,
                 keep: a.keep.f_to_device(self.device)?,
-            }
+            };
+            (a, groups)
         };
         let noise = {
             let _s = section(trace_name!(names::DRAFTER_NOISE_EMBED), self.device);
@@ -226,16 +237,15 @@ impl DrafterTrainer {
         };
         let masks = {
             let _s = section(trace_name!(names::DRAFTER_MASK), self.device);
-            let full = objective::block_mask(&anchors.anchors, &anchors.keep, s, bs, None);
-            let sliding = cfg.layer_types.contains(&LayerType::Sliding).then(|| {
-                objective::block_mask(
-                    &anchors.anchors,
-                    &anchors.keep,
-                    s,
-                    bs,
-                    Some(cfg.sliding_window),
-                )
-            });
+            let grouped = |window| {
+                let dense = objective::block_mask(&anchors.anchors, &anchors.keep, s, bs, window);
+                objective::group_masks(&dense, &groups, s, self.kind)
+            };
+            let full = grouped(None);
+            let sliding = cfg
+                .layer_types
+                .contains(&LayerType::Sliding)
+                .then(|| grouped(Some(cfg.sliding_window)));
             LayerMasks { full, sliding }
         };
         let ctx = {

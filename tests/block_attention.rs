@@ -1,0 +1,199 @@
+//! Grouped block attention: each query group attends only to the context its anchors
+//! reach and to its own blocks. Checked against the dense `Q x (S + Q)` mask (one group
+//! over every key), outputs and gradients, on full and sliding layers, with unused slots.
+use dflash::model::layers::Rope;
+use dflash::model::objective::{self, QueryGroup};
+use dflash::model::{Drafter, DrafterConfig, LayerType, Qwen3Config};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use tch::{nn, Device, Kind, Tensor};
+
+const S: i64 = 40;
+const BS: i64 = 4;
+const N: i64 = 6;
+
+fn drafter() -> (nn::VarStore, Drafter) {
+    let target = Qwen3Config::preset("tiny").expect("tiny preset");
+    let mut cfg = DrafterConfig::for_target(&target, 2, BS, target.vocab_size - 1);
+    cfg.layer_types = vec![LayerType::Sliding, LayerType::Full];
+    cfg.sliding_window = 6;
+    let vs = nn::VarStore::new(Device::Cpu);
+    let d = Drafter::new(&vs.root(), &cfg);
+    (vs, d)
+}
+
+/// Anchors of two rows: the first draws all slots, the second has three candidates only,
+/// so three of its slots are unused (anchor 0, not kept).
+fn anchors() -> objective::Anchors {
+    let mask = Tensor::ones([2, S], (Kind::Int64, Device::Cpu));
+    let _ = mask.get(1).narrow(0, 0, S).fill_(0);
+    let _ = mask.get(1).narrow(0, 20, 4).fill_(1);
+    let mut rng = ChaCha8Rng::seed_from_u64(3);
+    let a = objective::sample_anchors(&mask, N, &mut rng).unwrap();
+    let keep: Vec<bool> = Vec::try_from(a.keep.reshape([-1])).unwrap();
+    assert_eq!(
+        keep.iter().filter(|k| !**k).count(),
+        3,
+        "row 1 has unused slots"
+    );
+    a
+}
+
+/// Values in [-1, 1) from a seeded generator of this test's own (libtorch's global
+/// generator is shared by the tests running in parallel).
+fn uniform(shape: &[i64], seed: u64) -> Tensor {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let n = shape.iter().product::<i64>() as usize;
+    let v: Vec<f32> = (0..n).map(|_| rng.gen::<f32>() * 2.0 - 1.0).collect();
+    Tensor::from_slice(&v).view(shape)
+}
+
+fn host(a: &objective::Anchors) -> (Vec<i64>, Vec<bool>) {
+    (
+        Vec::try_from(a.anchors.reshape([-1])).unwrap(),
+        Vec::try_from(a.keep.reshape([-1])).unwrap(),
+    )
+}
+
+/// Output of every layer's attention block and the gradients of a fixed projection of
+/// all outputs with respect to the block input, the context and every weight.
+fn run(d: &Drafter, vs: &nn::VarStore, group_blocks: Option<i64>) -> (Vec<Tensor>, Vec<Tensor>) {
+    let a = anchors();
+    let (anc, keep) = host(&a);
+    let groups = match group_blocks {
+        Some(g) => objective::query_groups(&anc, &keep, N, S, BS, g),
+        None => vec![QueryGroup {
+            q0: 0,
+            len: N * BS,
+            ctx: S,
+        }],
+    };
+    let h = d.cfg.hidden_size;
+    let x = uniform(&[2, N * BS, h], 1).set_requires_grad(true);
+    let ctx = uniform(&[2, S, h], 2).set_requires_grad(true);
+    let rope = Rope::new(
+        &objective::positions(S, &a.anchors, BS),
+        d.cfg.head_dim,
+        d.cfg.rope_theta,
+        Kind::Float,
+    );
+    let mut outs = Vec::new();
+    for layer in &d.layers {
+        let window = (layer.layer_type == LayerType::Sliding).then_some(d.cfg.sliding_window);
+        let dense = objective::block_mask(&a.anchors, &a.keep, S, BS, window);
+        let mask = objective::group_masks(&dense, &groups, S, Kind::Float);
+        outs.push(layer.attn_block(&x, &ctx, &rope, &mask));
+    }
+    let probe = uniform(&[2, N * BS, h], 3);
+    let total = outs
+        .iter()
+        .map(|o| (o * &probe).sum(Kind::Float))
+        .reduce(|a, b| a + b)
+        .unwrap();
+    let mut vars: Vec<(String, Tensor)> = vs.variables().into_iter().collect();
+    vars.sort_by(|a, b| a.0.cmp(&b.0));
+    // the attention blocks' own weights (the MLPs, fc and final norm take no part)
+    let mut inputs = vec![x.shallow_clone(), ctx.shallow_clone()];
+    inputs.extend(
+        vars.into_iter()
+            .filter(|(n, _)| n.contains("self_attn") || n.contains("input_layernorm"))
+            .map(|(_, t)| t),
+    );
+    let grads = Tensor::run_backward(&[total], &inputs, false, false);
+    (outs.iter().map(|o| o.detach()).collect(), grads)
+}
+
+fn max_diff(a: &[Tensor], b: &[Tensor]) -> f64 {
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs().max().double_value(&[]))
+        .fold(0.0, f64::max)
+}
+
+#[test]
+fn grouped_attention_equals_the_dense_mask_in_outputs_and_gradients() {
+    let (vs, d) = drafter();
+    let (dense_out, dense_grad) = run(&d, &vs, None);
+    assert!(dense_grad.len() > 2 && dense_grad.iter().all(|g| g.defined()));
+    for g in [1, 2, 4, N] {
+        let (out, grad) = run(&d, &vs, Some(g));
+        let (o, gr) = (max_diff(&dense_out, &out), max_diff(&dense_grad, &grad));
+        assert!(o < 1e-5, "group of {g} blocks: outputs differ by {o}");
+        assert!(gr < 1e-4, "group of {g} blocks: gradients differ by {gr}");
+    }
+}
+
+#[test]
+fn a_group_too_narrow_for_its_anchors_changes_the_result() {
+    // the check above can fail: cutting one context key a query sees changes the output
+    let (vs, d) = drafter();
+    let (dense_out, _) = run(&d, &vs, None);
+    let a = anchors();
+    let (anc, keep) = host(&a);
+    let mut groups = objective::query_groups(&anc, &keep, N, S, BS, N);
+    assert_eq!(groups.len(), 1);
+    let need = anc
+        .iter()
+        .zip(&keep)
+        .filter(|(_, k)| **k)
+        .map(|(a, _)| *a)
+        .max()
+        .unwrap();
+    assert!(groups[0].ctx >= need);
+    groups[0].ctx = need - 1;
+    let layer = &d.layers[1];
+    let dense = objective::block_mask(&a.anchors, &a.keep, S, BS, None);
+    let mask = objective::group_masks(&dense, &groups, S, Kind::Float);
+    let h = d.cfg.hidden_size;
+    let x = uniform(&[2, N * BS, h], 1);
+    let ctx = uniform(&[2, S, h], 2);
+    let rope = Rope::new(
+        &objective::positions(S, &a.anchors, BS),
+        d.cfg.head_dim,
+        d.cfg.rope_theta,
+        Kind::Float,
+    );
+    let out = tch::no_grad(|| layer.attn_block(&x, &ctx, &rope, &mask));
+    assert!(max_diff(&dense_out[1..], &[out]) > 1e-4);
+}
+
+#[test]
+fn groups_cover_every_allowed_key_and_are_narrower_than_the_dense_mask() {
+    let a = anchors();
+    let (anc, keep) = host(&a);
+    for g in [1, 2, 4, N, 100] {
+        let groups = objective::query_groups(&anc, &keep, N, S, BS, g);
+        // the groups tile the queries
+        let mut next = 0;
+        for q in &groups {
+            assert_eq!(q.q0, next);
+            next += q.len;
+            assert!(q.ctx <= S);
+            assert!((q.ctx + q.len) % 16 == 0 || q.ctx == S, "{q:?} not aligned");
+        }
+        assert_eq!(next, N * BS);
+        // every allowed (query, key) pair of the dense mask, counted one by one, lies in
+        // its group's keys: the group masks hold exactly as many allowed pairs
+        for window in [None, Some(6)] {
+            let dense = objective::block_mask(&a.anchors, &a.keep, S, BS, window);
+            let allowed: Vec<bool> = Vec::try_from(dense.reshape([-1])).unwrap();
+            let grouped = objective::group_masks(&dense, &groups, S, Kind::Float);
+            let in_groups: f64 = grouped
+                .groups
+                .iter()
+                .map(|(_, m)| m.eq(0.0).sum(Kind::Float).double_value(&[]))
+                .sum();
+            let total = allowed.iter().filter(|v| **v).count() as f64;
+            assert_eq!(in_groups, total, "groups of {g}, window {window:?}");
+        }
+    }
+    // narrower: with one block per group, under 60% of the dense mask's (query, key) pairs
+    // (padding each group's keys to a multiple of 16 costs much at this tiny size)
+    let groups = objective::query_groups(&anc, &keep, N, S, BS, 1);
+    let keys: i64 = groups.iter().map(|q| q.len * (q.ctx + q.len)).sum();
+    let dense = N * BS * (S + N * BS);
+    assert!(
+        keys * 10 < dense * 6,
+        "{keys} of {dense} (query, key) pairs"
+    );
+}
