@@ -227,6 +227,7 @@ fn pipeline_equals_the_single_thread_path() {
         gamma: 4.0,
         chunk_blocks: cfg.chunk_blocks,
         attn_group_blocks: cfg.attn_group_blocks,
+        fused_loss: cfg.fused_loss,
         grad_clip: cfg.grad_clip,
     };
     let mut trainer = DrafterTrainer::new(

@@ -311,6 +311,83 @@ pub fn weighted_ce_chunked(
     }
 }
 
+/// The loss of [`weighted_ce_chunked`] with its gradient computed chunk by chunk in the
+/// forward pass: per chunk, the logits (in `hidden`'s kind, as there), their fp32 log-sum-
+/// exp, the loss terms, then in place `softmax - onehot` scaled by each token's weight
+/// `m * w / sum(m * w)`, and the input gradient `grad_logits @ lm_head`. The fp32 logits
+/// live one chunk at a time and autograd keeps nothing of them; the returned loss carries
+/// the gradient as `value + <hidden, g> - stop_gradient(<hidden, g>)`, so the backward pass
+/// of the whole loss costs one scale of `g`.
+///
+/// Why: the chunked autograd path keeps each chunk's fp32 log-softmax for the backward
+/// and then writes a zero-filled gradient, scatters into it and runs log-softmax's
+/// backward over the same `[tokens, vocab]` block (the figures on the GPU are in
+/// docs/gpu-results.md). The lm_head is frozen: no gradient reaches it here.
+pub fn weighted_ce_fused(
+    hidden: &Tensor,
+    lm_head: &Tensor,
+    labels: &Tensor,
+    m: &Tensor,
+    w: &Tensor,
+    chunk_blocks: i64,
+) -> LossOutput {
+    let (b, n, bs) = (labels.size()[0], labels.size()[1], labels.size()[2]);
+    let h = hidden.size()[2];
+    let want_grad = hidden.requires_grad();
+    let step = chunk_blocks.max(1);
+    let (value, correct, grad) = tch::no_grad(|| {
+        let hd = hidden.detach().view([b, n, bs, h]);
+        let mw = m * w;
+        let denom = mw.sum(Kind::Float).clamp_min(1e-6);
+        let scale = (&mw / &denom).to_kind(Kind::Float);
+        let mut total: Option<Tensor> = None;
+        let (mut correct, mut grads) = (Vec::new(), Vec::new());
+        let mut start = 0;
+        while start < n {
+            let len = step.min(n - start);
+            let hc = hd.narrow(1, start, len).reshape([-1, h]);
+            let mut lf = hc.matmul(&lm_head.tr()).to_kind(Kind::Float);
+            let y = labels.narrow(1, start, len).reshape([-1, 1]);
+            let sc = scale.narrow(1, start, len).reshape([-1, 1]);
+            let lse = lf.logsumexp([-1], true);
+            let part = ((&lse - lf.gather(1, &y, false)) * &sc).sum(Kind::Float);
+            total = Some(match total {
+                Some(t) => t + part,
+                None => part,
+            });
+            correct.push(
+                lf.argmax(-1, false)
+                    .eq_tensor(&y.view([-1]))
+                    .view([b, len, bs]),
+            );
+            if want_grad {
+                let _ = lf.g_sub_(&lse).exp_().g_mul_(&sc);
+                let _ = lf.scatter_add_(1, &y, &sc.neg());
+                grads.push(
+                    lf.to_kind(hidden.kind())
+                        .matmul(lm_head)
+                        .view([b, len, bs, h]),
+                );
+            }
+            start += len;
+        }
+        let grad = want_grad.then(|| Tensor::cat(&grads, 1).view([b, n * bs, h]));
+        (
+            total.expect("at least one block"),
+            Tensor::cat(&correct, 1),
+            grad,
+        )
+    });
+    let loss = match grad {
+        Some(g) => {
+            let s = (hidden * &g).sum(Kind::Float);
+            value + (&s - s.detach())
+        }
+        None => value,
+    };
+    LossOutput { loss, correct }
+}
+
 /// `[sum(m * correct), sum(m)]` as a device tensor (float), so a step reads all its
 /// metrics with one host sync.
 pub fn accuracy_counts(correct: &Tensor, m: &Tensor) -> Tensor {

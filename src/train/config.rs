@@ -47,6 +47,9 @@ pub struct TrainConfig {
     /// Blocks per attention query group: each group attends only to the context its
     /// anchors reach and to its own blocks, instead of the dense `Q x (S + Q)` mask.
     pub attn_group_blocks: i64,
+    /// The loss's input gradient computed in its forward chunks (one pass less over the
+    /// fp32 logits, none of them kept for the backward); false: plain autograd.
+    pub fused_loss: bool,
     pub drafter_layers: i64,
     /// Target layers tapped; empty: the DFlash formula.
     pub target_layer_ids: Vec<usize>,
@@ -104,6 +107,7 @@ impl Default for TrainConfig {
             gamma: 0.0,
             chunk_blocks: 16,
             attn_group_blocks: 32,
+            fused_loss: true,
             drafter_layers: 2,
             target_layer_ids: Vec::new(),
             sliding_layers: 0,
@@ -201,6 +205,7 @@ impl TrainConfig {
             "gamma",
             "chunk_blocks",
             "attn_group_blocks",
+            "fused_loss",
             "drafter_layers",
             "target_layer_ids",
             "sliding_layers",

@@ -48,6 +48,8 @@ pub struct StepConfig {
     pub chunk_blocks: i64,
     /// Blocks per attention query group (see `objective::query_groups`).
     pub attn_group_blocks: i64,
+    /// The loss through `objective::weighted_ce_fused` (else the autograd path).
+    pub fused_loss: bool,
     pub grad_clip: f64,
 }
 
@@ -276,7 +278,12 @@ impl DrafterTrainer {
             &anchors.keep,
             bs,
         );
-        let out = objective::weighted_ce_chunked(
+        let loss = if self.cfg.fused_loss {
+            objective::weighted_ce_fused
+        } else {
+            objective::weighted_ce_chunked
+        };
+        let out = loss(
             &hidden,
             &self.lm_head,
             &labels,

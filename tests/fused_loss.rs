@@ -1,0 +1,123 @@
+//! The fused loss (gradient computed in the forward chunks) against the autograd path:
+//! value, accuracy flags and the gradient reaching the hidden states, on random data with
+//! masked positions, over several chunk sizes; and nothing computed for the gradient
+//! when none is wanted.
+use dflash::model::objective;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use tch::{Device, Kind, Tensor};
+
+const B: i64 = 2;
+const N: i64 = 5;
+const BS: i64 = 4;
+const H: i64 = 8;
+const V: i64 = 37;
+
+fn uniform(shape: &[i64], seed: u64, scale: f32) -> Tensor {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let n = shape.iter().product::<i64>() as usize;
+    let v: Vec<f32> = (0..n)
+        .map(|_| (rng.gen::<f32>() * 2.0 - 1.0) * scale)
+        .collect();
+    Tensor::from_slice(&v).view(shape)
+}
+
+struct Case {
+    hidden: Tensor,
+    head: Tensor,
+    labels: Tensor,
+    m: Tensor,
+    w: Tensor,
+}
+
+fn case() -> Case {
+    let mut rng = ChaCha8Rng::seed_from_u64(5);
+    let labels: Vec<i64> = (0..B * N * BS).map(|_| rng.gen_range(0..V)).collect();
+    // about a third of the positions carry no loss weight
+    let m: Vec<f32> = (0..B * N * BS)
+        .map(|_| if rng.gen::<f32>() < 0.33 { 0.0 } else { 1.0 })
+        .collect();
+    Case {
+        hidden: uniform(&[B, N * BS, H], 1, 1.0),
+        head: uniform(&[V, H], 2, 2.0),
+        labels: Tensor::from_slice(&labels).view([B, N, BS]),
+        m: Tensor::from_slice(&m).view([B, N, BS]),
+        w: objective::decay_weights(BS, 3.0, Device::Cpu),
+    }
+}
+
+/// Loss, correct flags and d loss / d hidden of one of the two paths.
+fn run(c: &Case, fused: bool, chunk: i64) -> (f64, Vec<bool>, Tensor) {
+    let hidden = c.hidden.copy().set_requires_grad(true);
+    let f = if fused {
+        objective::weighted_ce_fused
+    } else {
+        objective::weighted_ce_chunked
+    };
+    let out = f(&hidden, &c.head, &c.labels, &c.m, &c.w, chunk);
+    let grad = Tensor::run_backward(&[&out.loss], &[&hidden], false, false).remove(0);
+    let correct = Vec::try_from(out.correct.reshape([-1])).unwrap();
+    (out.loss.double_value(&[]), correct, grad)
+}
+
+#[test]
+fn fused_loss_equals_the_autograd_loss_in_value_flags_and_gradient() {
+    let c = case();
+    let (want, want_correct, want_grad) = run(&c, false, N);
+    assert!(want_grad.abs().sum(Kind::Float).double_value(&[]) > 0.0);
+    for chunk in [1, 2, 3, N] {
+        let (got, correct, grad) = run(&c, true, chunk);
+        assert!((got - want).abs() < 1e-5, "chunk {chunk}: {got} vs {want}");
+        assert_eq!(correct, want_correct, "chunk {chunk}");
+        let d = (&grad - &want_grad).abs().max().double_value(&[]);
+        assert!(d < 1e-6, "chunk {chunk}: gradients differ by {d}");
+    }
+    // a masked position gets no gradient, a weighted one does
+    let g =
+        want_grad
+            .view([B, N, BS, H])
+            .abs()
+            .sum_dim_intlist([-1].as_slice(), false, Kind::Float);
+    let m: Vec<f32> = Vec::try_from(c.m.reshape([-1])).unwrap();
+    let w: Vec<f32> = Vec::try_from(c.w.repeat([B * N])).unwrap();
+    let g: Vec<f32> = Vec::try_from(g.reshape([-1])).unwrap();
+    for i in 0..m.len() {
+        assert_eq!(g[i] == 0.0, m[i] * w[i] == 0.0, "position {i}");
+    }
+}
+
+#[test]
+fn the_gradient_is_the_hand_formula_on_one_token() {
+    // one weighted token: d loss / d h = (softmax(W h) - onehot(y))^T W
+    let hidden = Tensor::from_slice(&[0.5f32, -1.0])
+        .view([1, 1, 2])
+        .set_requires_grad(true);
+    let head = Tensor::from_slice(&[1.0f32, 0.0, 0.0, 1.0, 1.0, 1.0]).view([3, 2]);
+    let labels = Tensor::from_slice(&[2i64]).view([1, 1, 1]);
+    let m = Tensor::from_slice(&[1.0f32]).view([1, 1, 1]);
+    let w = Tensor::from_slice(&[1.0f32]);
+    let out = objective::weighted_ce_fused(&hidden, &head, &labels, &m, &w, 1);
+    let g = Tensor::run_backward(&[&out.loss], &[&hidden], false, false).remove(0);
+    let logits = [0.5f64, -1.0, -0.5];
+    let z: f64 = logits.iter().map(|l| l.exp()).sum();
+    let p: Vec<f64> = logits.iter().map(|l| l.exp() / z).collect();
+    let want = [p[0] + p[2] - 1.0, p[1] + p[2] - 1.0];
+    let got: Vec<f32> = Vec::try_from(g.reshape([-1])).unwrap();
+    for k in 0..2 {
+        assert!(
+            (got[k] as f64 - want[k]).abs() < 1e-6,
+            "{got:?} vs {want:?}"
+        );
+    }
+    assert!((out.loss.double_value(&[]) - (z.ln() + 0.5)).abs() < 1e-6);
+}
+
+#[test]
+fn without_a_gradient_only_the_value_is_computed() {
+    let c = case();
+    let out =
+        tch::no_grad(|| objective::weighted_ce_fused(&c.hidden, &c.head, &c.labels, &c.m, &c.w, 2));
+    assert!(!out.loss.requires_grad());
+    let (want, _, _) = run(&c, false, 2);
+    assert!((out.loss.double_value(&[]) - want).abs() < 1e-5);
+}
