@@ -384,8 +384,6 @@ fn recorded_kernel_trace_nests_kernels_and_calls_in_their_sections_with_matched_
     );
     let events = trace["traceEvents"].as_array().unwrap();
     let xs = spans(&trace);
-    let f = |e: &Value, k: &str| e[k].as_f64().unwrap();
-    let track = |e: &Value| (e["pid"].as_u64().unwrap(), e["tid"].as_u64().unwrap());
     let is_gpu_record = |e: &Value| {
         matches!(
             e["cat"].as_str(),
@@ -416,10 +414,27 @@ fn recorded_kernel_trace_nests_kernels_and_calls_in_their_sections_with_matched_
         .iter()
         .map(|c| (c["args"]["correlation"].as_u64().unwrap(), *c))
         .collect();
+    calls_lie_in_cpu_spans_of_their_threads(&calls, &cpu_by_track);
+    records_lie_in_their_sections_gpu_spans(&records, &call_by_corr, &cpu_by_track, &gpu_by_flow);
+    launch_flows_match(events, &records, &call_by_corr);
+}
 
-    // every call on a recorder thread lies in a CPU span of that thread
+fn num(e: &Value, k: &str) -> f64 {
+    e[k].as_f64().unwrap()
+}
+
+fn track(e: &Value) -> (u64, u64) {
+    (e["pid"].as_u64().unwrap(), e["tid"].as_u64().unwrap())
+}
+
+/// Every call on a recorder thread lies in a CPU span of that thread.
+fn calls_lie_in_cpu_spans_of_their_threads(
+    calls: &[&&Value],
+    cpu_by_track: &BTreeMap<(u64, u64), Vec<&&Value>>,
+) {
+    let f = num;
     let (mut on_recorder_threads, mut between) = (0, 0);
-    for c in &calls {
+    for c in calls {
         let Some(cpu) = cpu_by_track.get(&track(c)) else {
             continue; // a thread that recorded no span (autograd's): its own track
         };
@@ -446,12 +461,20 @@ fn recorded_kernel_trace_nests_kernels_and_calls_in_their_sections_with_matched_
         between * 50 < on_recorder_threads,
         "{between} of {on_recorder_threads} calls between sections"
     );
+}
 
-    // every GPU record launched inside a GPU-timed section lies in that section's GPU span
-    // (records launched before the window, or by the target's next steps, have no call
-    // in the trace; autograd's launches sit on a track without sections)
+/// Every GPU record launched inside a GPU-timed section lies in that section's GPU span
+/// (records launched before the window, or by the target's next steps, have no call in
+/// the trace; autograd's launches sit on a track without sections).
+fn records_lie_in_their_sections_gpu_spans(
+    records: &[&&Value],
+    call_by_corr: &BTreeMap<u64, &&Value>,
+    cpu_by_track: &BTreeMap<(u64, u64), Vec<&&Value>>,
+    gpu_by_flow: &BTreeMap<u64, &&Value>,
+) {
+    let f = num;
     let (mut checked, mut launched_in_sections) = (0, 0);
-    for r in &records {
+    for r in records {
         let corr = r["args"]["correlation"].as_u64().unwrap();
         let Some(call) = call_by_corr.get(&corr) else {
             continue;
@@ -489,8 +512,15 @@ fn recorded_kernel_trace_nests_kernels_and_calls_in_their_sections_with_matched_
         checked * 100 >= launched_in_sections * 95 && checked > 1000,
         "{checked} of {launched_in_sections} records launched in sections checked"
     );
+}
 
-    // launch flows: one start at its call, one end at its GPU record, per correlation
+/// Launch flows: one start at its call, one end at its GPU record, per correlation.
+fn launch_flows_match(
+    events: &[Value],
+    records: &[&&Value],
+    call_by_corr: &BTreeMap<u64, &&Value>,
+) {
+    let f = num;
     let record_by_corr: BTreeMap<u64, &&Value> = records
         .iter()
         .map(|r| (r["args"]["correlation"].as_u64().unwrap(), *r))

@@ -13,6 +13,7 @@ use crate::trace::{DeviceProperties, GpuBackend, GpuError, GpuEvent};
 pub mod activity;
 pub mod capture;
 pub mod kernel_trace;
+pub mod ops;
 
 /// The shim's C ABI: every `extern "C"` function of `shim.cpp`. They return 0 on success
 /// and a negative code on failure (text in `dflash_cuda_last_error`, per thread), and
@@ -342,46 +343,6 @@ pub fn record_stream(tensor: &tch::Tensor, stream: &Stream) -> Result<()> {
             tensor.as_ptr() as *mut c_void,
             stream.device as c_int,
             stream.id,
-        )
-    })
-}
-
-/// AdamW's hyper-parameters for [`fused_adamw`].
-#[derive(Debug, Clone, Copy)]
-pub struct AdamWStep {
-    pub lr: f64,
-    pub beta1: f64,
-    pub beta2: f64,
-    pub weight_decay: f64,
-    pub eps: f64,
-}
-
-/// One update with ATen's fused AdamW kernel (one pass over the tensors instead of about
-/// ten elementwise kernels). All tensors are fp32 and on one device; `step` holds the
-/// step count of this update (one element). The update is made in place.
-pub fn fused_adamw(
-    param: &tch::Tensor,
-    grad: &tch::Tensor,
-    exp_avg: &tch::Tensor,
-    exp_avg_sq: &tch::Tensor,
-    step: &tch::Tensor,
-    h: AdamWStep,
-) -> Result<()> {
-    let p = |t: &tch::Tensor| t.as_ptr() as *mut c_void;
-    // SAFETY: each pointer is tch's `torch::Tensor*`, valid while borrowed here; the
-    // kernel writes the tensors' data in place, which tch allows for these owned buffers.
-    check("fused_adamw", unsafe {
-        ffi::dflash_fused_adamw(
-            p(param),
-            p(grad),
-            p(exp_avg),
-            p(exp_avg_sq),
-            p(step),
-            h.lr,
-            h.beta1,
-            h.beta2,
-            h.weight_decay,
-            h.eps,
         )
     })
 }

@@ -153,15 +153,21 @@ impl AdamW {
             .step_count
             .get_or_insert_with(|| Tensor::zeros([1], (Kind::Float, self.master.device())));
         let _ = tch::no_grad(|| step.fill_(self.step as f64));
-        let h = crate::cuda::AdamWStep {
+        let h = crate::cuda::ops::AdamWStep {
             lr,
             beta1: c.beta1,
             beta2: c.beta2,
             weight_decay: c.weight_decay,
             eps: c.eps,
         };
-        match crate::cuda::fused_adamw(&self.master, grad, &self.exp_avg, &self.exp_avg_sq, step, h)
-        {
+        match crate::cuda::ops::fused_adamw(
+            &self.master,
+            grad,
+            &self.exp_avg,
+            &self.exp_avg_sq,
+            step,
+            h,
+        ) {
             Ok(()) => {
                 if let Some(flat) = &mut self.model_flat {
                     tch::no_grad(|| flat.copy_(&self.master));

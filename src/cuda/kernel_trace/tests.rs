@@ -3,7 +3,12 @@
 //! the window, a sync, a command-buffer stall and a stream of its own.
 use serde_json::Value;
 
+use std::collections::HashMap;
+
+use super::place::{is_gpu, FOREIGN_TID_BASE, STREAM_TID_BASE};
 use super::*;
+use crate::cuda::activity::{Activity, ActivityKind};
+use crate::trace::{PlacedGpuSpan, TraceThread};
 
 const BASE: u64 = 1_000_000;
 const SKEW: u64 = 500;
