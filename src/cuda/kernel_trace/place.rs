@@ -118,7 +118,7 @@ pub(super) fn place(input: &MergeInput, rep: &mut MergeReport) -> Option<Placeme
     Some(p)
 }
 
-/// 1. Runtime and driver calls on their threads, inside the thread's recorded extent.
+/// Step 1: Runtime and driver calls on their threads, inside the thread's recorded extent.
 fn place_calls(input: &MergeInput, p: &mut Placement, rep: &mut MergeReport) {
     let extents: HashMap<u32, (i64, i64)> = input
         .threads
@@ -160,7 +160,7 @@ fn place_calls(input: &MergeInput, p: &mut Placement, rep: &mut MergeReport) {
         .retain(|_, tid| calls.iter().any(|c| c.tid == *tid));
 }
 
-/// 2. GPU records launched inside the window, or (launch not captured) in it, with the
+/// Step 2: GPU records launched inside the window, or (launch not captured) in it, with the
 /// GPU span of the section whose thread launched them.
 fn place_gpu_records(input: &MergeInput, p: &mut Placement, rep: &mut MergeReport) {
     for (idx, a) in input.activities.iter().enumerate() {
@@ -193,7 +193,7 @@ fn place_gpu_records(input: &MergeInput, p: &mut Placement, rep: &mut MergeRepor
     }
 }
 
-/// 3. CUPTI streams onto tracks, one stream per track, by vote of the launching
+/// Step 3: CUPTI streams onto tracks, one stream per track, by vote of the launching
 /// sections' GPU spans (the most voted pairs first).
 fn map_streams(input: &MergeInput, p: &mut Placement) {
     let mut votes: HashMap<(u32, u32), HashMap<u32, u64>> = HashMap::new();
@@ -296,7 +296,7 @@ fn innermost_open(
         .max_by_key(|&i| spans[i].cpu_ts_ns)
 }
 
-/// 4. Shifts: per outermost GPU span, the one that puts every kernel launched in one of
+/// Step 4: Shifts: per outermost GPU span, the one that puts every kernel launched in one of
 /// its sections inside that section's GPU span (closest to the previous shift); other
 /// records take the shift of the outermost span they fall in, or the last before them.
 fn shift_onto_spans(
@@ -376,7 +376,7 @@ fn shift_onto_spans(
     }
 }
 
-/// 5. Nesting: what crosses the edge of a GPU span on its track is cut at the edge.
+/// Step 5: Nesting: what crosses the edge of a GPU span on its track is cut at the edge.
 fn cut_at_span_edges(
     input: &MergeInput,
     tracks: &HashMap<(u32, u32), TrackSpans>,

@@ -38,7 +38,7 @@ fn name_device(w: &mut EventWriter, device: u32) {
     });
 }
 
-/// 6. Per GPU-timed section: its spans and GPU time, the kernels launched inside it (or
+/// Step 6: Per GPU-timed section: its spans and GPU time, the kernels launched inside it (or
 /// inside a section it encloses on its thread) and their busy time.
 pub(super) fn section_figures(input: &MergeInput, p: &Placement, rep: &mut MergeReport) {
     let spans = &input.gpu_spans;
@@ -70,7 +70,7 @@ pub(super) fn section_figures(input: &MergeInput, p: &Placement, rep: &mut Merge
     }
 }
 
-/// 7. Everything placed, through `w`.
+/// Step 7: Everything placed, through `w`.
 pub(super) fn write(
     input: &MergeInput,
     p: &mut Placement,
