@@ -146,7 +146,8 @@ pub struct QueryGroup {
 /// width its queries need: the largest kept anchor in the group over the batch (a query
 /// sees context keys `kv < anchor`), rounded up so that the group's key count is a
 /// multiple of 16 (the alignment of the fused attention kernels' masks), at most `S`.
-/// `anchors`/`keep` are the host's `[B, N]` values, row-major.
+/// `anchors`/`keep` are the host's `[B, N]` values, row-major. `group_blocks` 0 gives the
+/// reference: one group over every key (the dense mask).
 ///
 /// Why: the dense mask is `Q x (S + Q)`, but a query block sees at most its anchor's
 /// prefix and its own `bs` keys. On the realistic shape (S 2048, 256 blocks of 16) the
@@ -160,6 +161,13 @@ pub fn query_groups(
     block_size: i64,
     group_blocks: i64,
 ) -> Vec<QueryGroup> {
+    if group_blocks == 0 {
+        return vec![QueryGroup {
+            q0: 0,
+            len: num_blocks * block_size,
+            ctx: seq_len,
+        }];
+    }
     let n = num_blocks.max(1) as usize;
     let per = group_blocks.clamp(1, num_blocks.max(1)) as usize;
     let rows = anchors.len() / n;

@@ -45,7 +45,8 @@ pub struct TrainConfig {
     /// Blocks per lm_head chunk in the loss.
     pub chunk_blocks: i64,
     /// Blocks per attention query group: each group attends only to the context its
-    /// anchors reach and to its own blocks, instead of the dense `Q x (S + Q)` mask.
+    /// anchors reach and to its own blocks, instead of the dense `Q x (S + Q)` mask (0:
+    /// the dense mask, the reference path).
     pub attn_group_blocks: i64,
     /// The loss's input gradient computed in its forward chunks (one pass less over the
     /// fp32 logits, none of them kept for the backward); false: plain autograd.

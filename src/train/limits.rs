@@ -99,9 +99,9 @@ pub fn check(cfg: &TrainConfig) -> Result<(), ConfigError> {
     int(
         "attn_group_blocks",
         cfg.attn_group_blocks,
-        1,
+        0,
         MAX_TOKENS,
-        "",
+        " (0: the dense mask)",
     )?;
     int("drafter_layers", cfg.drafter_layers, 1, 1024, "")?;
     int(

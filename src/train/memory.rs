@@ -87,7 +87,10 @@ pub fn drafter_step(c: &DrafterConfig, l: &Load, elt: i64) -> DrafterParts {
     };
     let per_token = 6 * h + 3 * i(c.intermediate_size);
     let chunk = i(l.chunk_blocks.min(l.num_anchors));
-    let group = i(l.attn_group_blocks.clamp(1, l.num_anchors.max(1))) * i(c.block_size);
+    let group = match l.attn_group_blocks {
+        0 => q,
+        g => i(g.clamp(1, l.num_anchors.max(1))) * i(c.block_size),
+    };
     DrafterParts {
         weights: as_bytes(params * (2 * e + 16)),
         head: as_bytes(2 * i(c.vocab_size) * h * e),
