@@ -31,7 +31,7 @@ pub struct TrainArgs {
     /// Override any setting: `--set key=value` (value in TOML syntax), repeatable.
     #[arg(long = "set", value_name = "KEY=VALUE")]
     pub sets: Vec<String>,
-    /// Target checkpoint directory (Hugging Face Qwen3 layout). Default: the embedded tiny target.
+    /// Target checkpoint directory (Hugging Face layout; llama, qwen2 or qwen3, by its config.json model_type). Default: the embedded tiny target.
     #[arg(long, value_name = "DIR")]
     pub target: Option<PathBuf>,
     /// Random-weight target of a named shape instead of a checkpoint: `realistic` or `tiny`.

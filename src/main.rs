@@ -5,7 +5,7 @@ use std::process::ExitCode;
 use anyhow::{bail, Context};
 use clap::Parser;
 
-use dflash::model::Qwen3Config;
+use dflash::model::TargetConfig;
 use dflash::run_files;
 use dflash::train::config::{Layer, TrainConfig};
 use dflash::train::pipeline::{self, RunOptions, RunReport, RunStatus, TrainError};
@@ -199,7 +199,7 @@ fn print_report(report: &RunReport, run_dir: &Path) {
 }
 
 fn pretrain_target(args: PretrainArgs) -> anyhow::Result<()> {
-    let model_cfg = Qwen3Config::preset(&args.preset)
+    let model_cfg = TargetConfig::preset(&args.preset)
         .ok_or_else(|| usage(format!("unknown --preset {:?}: use tiny", args.preset)))?;
     let text = pretrain::read_corpus(&args.corpus).map_err(usage)?;
     let cfg = PretrainConfig {

@@ -21,6 +21,7 @@ fn tiny_target_cfg() -> Qwen3Config {
         rope_theta: 10000.0,
         tie_word_embeddings: false,
         max_position_embeddings: 128,
+        ..Qwen3Config::QWEN3_LAYOUT
     }
 }
 

@@ -2,13 +2,17 @@
 //! `hidden_norm` make a context that is fixed across layers; each layer takes its queries
 //! from the noised block tokens and its keys/values from `[context ; block]` with the same
 //! `Wk`/`Wv`; a final norm and the target's frozen lm_head produce the block's tokens.
+//! Whatever the target's family (llama, qwen2, qwen3), the drafter is the same Qwen3-style
+//! stack (q/k norms, no biases) shaped from the target's config (hidden size, heads,
+//! `head_dim`, MLP width), with plain RoPE at the target's `rope_theta`: the target's
+//! `rope_scaling` is not carried over, and its `config.json` does not name one.
 use serde::{Deserialize, Serialize};
 use tch::nn::{self, Module};
 use tch::Tensor;
 
 use super::layers::{attention, merge_heads, split_heads, Linear, Mlp, RmsNorm, Rope};
 use super::objective::{GroupedMask, QueryGroup};
-use super::qwen3::Qwen3Config;
+use super::target::TargetConfig;
 use super::ModelError;
 
 /// Attention span of a drafter layer.
@@ -64,7 +68,7 @@ pub fn default_target_layer_ids(target_layers: i64, drafter_layers: i64) -> Vec<
 impl DrafterConfig {
     /// A drafter shaped like the target's layers (same hidden size, heads, MLP width).
     pub fn for_target(
-        target: &Qwen3Config,
+        target: &TargetConfig,
         num_layers: i64,
         block_size: i64,
         mask_token_id: i64,
@@ -90,7 +94,7 @@ impl DrafterConfig {
     }
 
     /// Checks the drafter's own consistency and that it fits `target`.
-    pub fn validate(&self, target: &Qwen3Config) -> Result<(), ModelError> {
+    pub fn validate(&self, target: &TargetConfig) -> Result<(), ModelError> {
         let bad = |m: String| Err(ModelError::Config(m));
         if self.hidden_size != target.hidden_size {
             return bad(format!(

@@ -1,20 +1,29 @@
-//! Building blocks shared by the target and the drafter: bias-free linear layers, RMSNorm,
-//! rotary position embeddings and grouped-query attention. Variable names mirror the
-//! Hugging Face checkpoint keys so loading needs no renaming table.
+//! Building blocks shared by the target and the drafter: linear layers (bias optional),
+//! RMSNorm, rotary position embeddings (plain, or with Llama 3's `llama3` frequency remap)
+//! and grouped-query attention. Variable names mirror the Hugging Face checkpoint keys so
+//! loading needs no renaming table.
+use serde::{Deserialize, Serialize};
 use tch::nn::{self, Init, Module};
-use tch::{Kind, Tensor};
+use tch::{Device, Kind, Tensor};
 
-/// Standard deviation of the normal init used by Qwen3-style models for every linear.
+/// Standard deviation of the normal init used by Llama/Qwen-style models for every linear.
 pub const INIT_STD: f64 = 0.02;
 
-/// A linear layer without bias, `y = x W^T`, with `W` stored as `[out, in]` like PyTorch.
+/// A linear layer `y = x W^T (+ b)`, with `W` stored as `[out, in]` like PyTorch and the
+/// optional bias `[out]` (initialised to zero).
 #[derive(Debug)]
 pub struct Linear {
     pub weight: Tensor,
+    pub bias: Option<Tensor>,
 }
 
 impl Linear {
+    /// Without bias.
     pub fn new(p: nn::Path, in_dim: i64, out_dim: i64) -> Self {
+        Self::with_bias(p, in_dim, out_dim, false)
+    }
+
+    pub fn with_bias(p: nn::Path, in_dim: i64, out_dim: i64, bias: bool) -> Self {
         let weight = p.var(
             "weight",
             &[out_dim, in_dim],
@@ -23,13 +32,18 @@ impl Linear {
                 stdev: INIT_STD,
             },
         );
-        Self { weight }
+        let bias = bias.then(|| p.var("bias", &[out_dim], Init::Const(0.)));
+        Self { weight, bias }
     }
 }
 
 impl Module for Linear {
     fn forward(&self, xs: &Tensor) -> Tensor {
-        xs.matmul(&self.weight.tr())
+        let ys = xs.matmul(&self.weight.tr());
+        match &self.bias {
+            Some(b) => ys + b,
+            None => ys,
+        }
     }
 }
 
@@ -54,7 +68,7 @@ impl Module for RmsNorm {
     }
 }
 
-/// The SwiGLU MLP of Qwen3: `down(silu(gate(x)) * up(x))`.
+/// The SwiGLU MLP of Llama and Qwen: `down(silu(gate(x)) * up(x))`.
 #[derive(Debug)]
 pub struct Mlp {
     gate_proj: Linear,
@@ -63,11 +77,17 @@ pub struct Mlp {
 }
 
 impl Mlp {
+    /// Without biases.
     pub fn new(p: nn::Path, hidden: i64, intermediate: i64) -> Self {
+        Self::with_bias(p, hidden, intermediate, false)
+    }
+
+    /// With biases on all three projections when `bias` (Llama's `mlp_bias`).
+    pub fn with_bias(p: nn::Path, hidden: i64, intermediate: i64, bias: bool) -> Self {
         Self {
-            gate_proj: Linear::new(&p / "gate_proj", hidden, intermediate),
-            up_proj: Linear::new(&p / "up_proj", hidden, intermediate),
-            down_proj: Linear::new(&p / "down_proj", intermediate, hidden),
+            gate_proj: Linear::with_bias(&p / "gate_proj", hidden, intermediate, bias),
+            up_proj: Linear::with_bias(&p / "up_proj", hidden, intermediate, bias),
+            down_proj: Linear::with_bias(&p / "down_proj", intermediate, hidden, bias),
         }
     }
 }
@@ -79,10 +99,72 @@ impl Module for Mlp {
     }
 }
 
+/// A `rope_scaling` of a Hugging Face config that changes the rotary frequencies. Only
+/// Llama 3's `llama3` type is implemented (`default`, or no `rope_scaling`, is plain RoPE);
+/// serialised in Hugging Face's form, `{"rope_type": "llama3", "factor": ..., ...}`.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "rope_type", rename_all = "lowercase")]
+pub enum RopeScaling {
+    Llama3 {
+        factor: f64,
+        low_freq_factor: f64,
+        high_freq_factor: f64,
+        original_max_position_embeddings: i64,
+    },
+}
+
+/// The `head_dim / 2` inverse frequencies `theta^(-2i/d)` (fp32), remapped by `scaling`.
+///
+/// The `llama3` remap is Hugging Face's `_compute_llama3_parameters`: with
+/// `low = old_context / low_freq_factor` and `high = old_context / high_freq_factor`
+/// wavelengths (`old_context` = `original_max_position_embeddings`), frequencies of
+/// wavelength above `low` are divided by `factor`, those below `high` are kept, and those
+/// in between are interpolated, `(1 - s) f / factor + s f` with
+/// `s = (old_context / wavelength - low_freq_factor) / (high_freq_factor - low_freq_factor)`.
+/// Its attention factor is 1: the cos/sin tables are not scaled.
+pub fn rope_inv_freq(
+    head_dim: i64,
+    theta: f64,
+    scaling: Option<&RopeScaling>,
+    device: Device,
+) -> Tensor {
+    let inv_freq = (Tensor::arange_start_step(0, head_dim, 2, (Kind::Float, device))
+        / head_dim as f64
+        * theta.ln())
+    .exp()
+    .reciprocal();
+    match scaling {
+        None => inv_freq,
+        Some(&RopeScaling::Llama3 {
+            factor,
+            low_freq_factor,
+            high_freq_factor,
+            original_max_position_embeddings,
+        }) => {
+            let old_context = original_max_position_embeddings as f64;
+            let low_freq_wavelen = old_context / low_freq_factor;
+            let high_freq_wavelen = old_context / high_freq_factor;
+            let wavelen = inv_freq.full_like(2.0 * std::f64::consts::PI) / &inv_freq;
+            // wavelen > low_freq_wavelen: divide by factor; below high_freq_wavelen: keep
+            let low = wavelen.gt(low_freq_wavelen);
+            let scaled = (&inv_freq / factor).where_self(&low, &inv_freq);
+            // otherwise interpolate between the two with a smooth factor
+            let smooth = (wavelen.full_like(old_context) / &wavelen - low_freq_factor)
+                / (high_freq_factor - low_freq_factor);
+            let smoothed = (smooth.ones_like() - &smooth) * &scaled / factor + &smooth * &scaled;
+            let medium = wavelen
+                .lt(high_freq_wavelen)
+                .logical_not()
+                .logical_and(&low.logical_not());
+            smoothed.where_self(&medium, &scaled)
+        }
+    }
+}
+
 /// Cosine and sine tables for rotary embeddings at arbitrary positions.
 ///
 /// `positions` is `[B, L]` (integer); the tables are `[B, 1, L, head_dim]` in `kind`,
-/// laid out for the non-interleaved `rotate_half` convention of Hugging Face Qwen3.
+/// laid out for the non-interleaved `rotate_half` convention of Hugging Face Llama/Qwen.
 #[derive(Debug)]
 pub struct Rope {
     pub cos: Tensor,
@@ -90,14 +172,21 @@ pub struct Rope {
 }
 
 impl Rope {
+    /// Plain RoPE.
     pub fn new(positions: &Tensor, head_dim: i64, theta: f64, kind: Kind) -> Self {
-        let device = positions.device();
+        Self::scaled(positions, head_dim, theta, None, kind)
+    }
+
+    /// RoPE with the frequencies of [`rope_inv_freq`].
+    pub fn scaled(
+        positions: &Tensor,
+        head_dim: i64,
+        theta: f64,
+        scaling: Option<&RopeScaling>,
+        kind: Kind,
+    ) -> Self {
         // 1. inverse frequencies (head_dim / 2)
-        let inv_freq = (Tensor::arange_start_step(0, head_dim, 2, (Kind::Float, device))
-            / head_dim as f64
-            * theta.ln())
-        .exp()
-        .reciprocal();
+        let inv_freq = rope_inv_freq(head_dim, theta, scaling, positions.device());
         // 2. (B, L, 1) x (D/2) -> (B, L, D/2) -> (B, L, D)
         let freqs = positions.to_kind(Kind::Float).unsqueeze(-1) * inv_freq;
         let emb = Tensor::cat(&[&freqs, &freqs], -1).unsqueeze(1);
@@ -205,6 +294,34 @@ mod tests {
             assert!((y[2 * p] - a.cos()).abs() < 1e-6);
             assert!((y[2 * p + 1] - a.sin()).abs() < 1e-6);
         }
+    }
+
+    #[test]
+    fn llama3_remap_keeps_high_divides_low_and_interpolates_between() {
+        // head_dim 8, theta 1e4: frequencies 1, 0.1, 0.01, 0.001 (wavelengths 2 pi / f);
+        // old context 64 with factors 1 and 4: keep below 16, divide above 64
+        let s = RopeScaling::Llama3 {
+            factor: 8.0,
+            low_freq_factor: 1.0,
+            high_freq_factor: 4.0,
+            original_max_position_embeddings: 64,
+        };
+        let got = Vec::<f32>::try_from(rope_inv_freq(8, 1e4, Some(&s), Device::Cpu)).unwrap();
+        let smooth = (64.0 / (2.0 * std::f64::consts::PI / 0.1) - 1.0) / 3.0;
+        let want = [
+            1.0,
+            (1.0 - smooth) * 0.1 / 8.0 + smooth * 0.1,
+            0.01 / 8.0,
+            0.001 / 8.0,
+        ];
+        for (g, w) in got.iter().zip(want) {
+            assert!(
+                (*g as f64 - w).abs() < 1e-6 * w.max(1e-3),
+                "{got:?} vs {want:?}"
+            );
+        }
+        let plain = Vec::<f32>::try_from(rope_inv_freq(8, 1e4, None, Device::Cpu)).unwrap();
+        assert_eq!(plain[0], got[0]);
     }
 
     #[test]

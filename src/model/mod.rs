@@ -1,6 +1,9 @@
-//! The models: the frozen Qwen3-layout target ([`qwen3`]) and the DFlash block-diffusion
-//! drafter ([`drafter`]), each a plain tch module, plus the pieces of the DFlash training
-//! objective ([`objective`]) and Hugging Face-style checkpoint I/O ([`checkpoint`]).
+//! The models: the frozen target ([`target`]: a Llama, Qwen2/Qwen2.5 or Qwen3 checkpoint,
+//! the family selected by its `config.json`) and the DFlash block-diffusion drafter
+//! ([`drafter`]), each a plain tch module, plus the pieces of the DFlash training objective
+//! ([`objective`]) and Hugging Face-style checkpoint I/O ([`checkpoint`]). A target
+//! checkpoint's tensors are checked against its config from the safetensors headers
+//! ([`check_target_weights`]) before any weight is read.
 use std::path::Path;
 
 use tch::{nn, Device, Kind};
@@ -9,10 +12,15 @@ pub mod checkpoint;
 pub mod drafter;
 pub mod layers;
 pub mod objective;
-pub mod qwen3;
+pub mod target;
 
 pub use drafter::{Drafter, DrafterConfig, LayerType};
-pub use qwen3::{Qwen3, Qwen3Config, Qwen3ConfigFile};
+pub use layers::RopeScaling;
+pub use target::{Family, Target, TargetConfig, TargetConfigFile};
+/// The names of the target types from when only the Qwen3 layout was read.
+pub use target::{
+    Target as Qwen3, TargetConfig as Qwen3Config, TargetConfigFile as Qwen3ConfigFile,
+};
 
 /// Errors of model construction, checkpoint I/O and the objective.
 #[derive(Debug, thiserror::Error)]
@@ -42,14 +50,74 @@ impl ModelError {
 /// A target loaded for inference: its variables are frozen.
 pub struct LoadedTarget {
     pub vs: nn::VarStore,
-    pub model: Qwen3,
+    pub model: Target,
 }
 
-/// Loads a Hugging Face Qwen3 checkpoint directory onto `device`, in `kind`.
+/// Reads and resolves a target checkpoint's `config.json`; errors name the file.
+pub fn read_target_config(dir: &Path) -> Result<TargetConfig, ModelError> {
+    checkpoint::read_config::<TargetConfigFile>(dir)?
+        .into_config()
+        .map_err(|e| match e {
+            ModelError::Config(m) => {
+                ModelError::Config(format!("{}: {m}", dir.join("config.json").display()))
+            }
+            e => e,
+        })
+}
+
+/// Checks, from the safetensors headers alone (no weight is read), that the checkpoint in
+/// `dir` holds exactly the tensors `cfg` implies ([`TargetConfig::expected_tensors`]) with
+/// their shapes, in a dtype the loader reads. Tensors Hugging Face would ignore are allowed
+/// ([`TargetConfig::ignorable_tensor`]); any other extra tensor is refused, since it means
+/// the config does not describe the checkpoint (a bias or q/k norm the model would drop).
+/// The error is one line naming the file, the tensor and expected vs found.
+pub fn check_target_weights(dir: &Path, cfg: &TargetConfig) -> Result<(), ModelError> {
+    let headers = checkpoint::read_headers(dir)?;
+    let config = dir.join("config.json");
+    let fail = |m: String| Err(ModelError::Checkpoint(m));
+    let expected = cfg.expected_tensors();
+    for (name, shape) in &expected {
+        let Some(h) = headers.tensors.get(name) else {
+            return fail(format!(
+                "{}: tensor `{name}` is missing ({} expects shape {shape:?})",
+                headers.where_missing(name).display(),
+                config.display()
+            ));
+        };
+        if &h.shape != shape {
+            return fail(format!(
+                "{}: tensor `{name}` has shape {:?}, {} expects {shape:?}",
+                h.file.display(),
+                h.shape,
+                config.display()
+            ));
+        }
+        checkpoint::check_dtype(name, h)?;
+    }
+    let known: std::collections::HashSet<&str> = expected.iter().map(|(n, _)| n.as_str()).collect();
+    if let Some((name, h)) = headers
+        .tensors
+        .iter()
+        .find(|(n, _)| !known.contains(n.as_str()) && !cfg.ignorable_tensor(n))
+    {
+        return fail(format!(
+            "{}: unexpected tensor `{name}` (shape {:?}): the {} target {} describes has no such tensor",
+            h.file.display(),
+            h.shape,
+            cfg.family,
+            config.display()
+        ));
+    }
+    Ok(())
+}
+
+/// Loads a Hugging Face Llama, Qwen2 or Qwen3 checkpoint directory onto `device`, in
+/// `kind`, after checking its tensors against its config ([`check_target_weights`]).
 pub fn load_target(dir: &Path, device: Device, kind: Kind) -> Result<LoadedTarget, ModelError> {
-    let cfg = checkpoint::read_config::<Qwen3ConfigFile>(dir)?.into_config()?;
+    let cfg = read_target_config(dir)?;
+    check_target_weights(dir, &cfg)?;
     let mut vs = nn::VarStore::new(device);
-    let model = Qwen3::new(&vs.root(), &cfg);
+    let model = Target::new(&vs.root(), &cfg);
     vs.set_kind(kind);
     checkpoint::load_into(&vs.variables(), dir)?;
     vs.freeze();
@@ -57,16 +125,18 @@ pub fn load_target(dir: &Path, device: Device, kind: Kind) -> Result<LoadedTarge
 }
 
 /// A target with random weights (for benchmarks at realistic sizes), frozen.
-pub fn random_target(cfg: &Qwen3Config, device: Device, kind: Kind, seed: i64) -> LoadedTarget {
+pub fn random_target(cfg: &TargetConfig, device: Device, kind: Kind, seed: i64) -> LoadedTarget {
     tch::manual_seed(seed);
     let mut vs = nn::VarStore::new(device);
-    let model = Qwen3::new(&vs.root(), cfg);
+    let model = Target::new(&vs.root(), cfg);
     vs.set_kind(kind);
     vs.freeze();
     LoadedTarget { vs, model }
 }
 
-/// Writes a target as a Hugging Face checkpoint directory (atomically).
+/// Writes a target as a Hugging Face checkpoint directory (atomically). A configuration
+/// whose layout flags are not those of its family cannot be written as a `config.json`
+/// and is refused.
 pub fn save_target(target: &LoadedTarget, dir: &Path) -> Result<(), ModelError> {
     let mut tensors: Vec<(String, tch::Tensor)> = target.vs.variables().into_iter().collect();
     tensors.sort_by(|a, b| a.0.cmp(&b.0));
@@ -75,8 +145,19 @@ pub fn save_target(target: &LoadedTarget, dir: &Path) -> Result<(), ModelError> 
         Kind::Half => "float16",
         _ => "float32",
     };
+    let file = target.model.cfg.to_file(dtype);
+    if file.clone().into_config().ok().as_ref() != Some(&target.model.cfg) {
+        return Err(ModelError::Config(format!(
+            "this target's layout (q/k norm {}, q/k/v bias {}, o bias {}, mlp bias {}) is not a {} layout: it has no config.json",
+            target.model.cfg.qk_norm,
+            target.model.cfg.qkv_bias,
+            target.model.cfg.o_bias,
+            target.model.cfg.mlp_bias,
+            target.model.cfg.family
+        )));
+    }
     checkpoint::write_dir_atomically(dir, |tmp| {
-        checkpoint::write_json(&target.model.cfg.to_file(dtype), &tmp.join("config.json"))?;
+        checkpoint::write_json(&file, &tmp.join("config.json"))?;
         checkpoint::write_safetensors(&tensors, &tmp.join("model.safetensors"))
     })
 }
@@ -90,7 +171,7 @@ pub struct LoadedDrafter {
 /// A freshly initialised drafter (Linear ~ N(0, 0.02), norms = 1) for `target`.
 pub fn new_drafter(
     cfg: &DrafterConfig,
-    target: &Qwen3Config,
+    target: &TargetConfig,
     device: Device,
     seed: i64,
 ) -> Result<LoadedDrafter, ModelError> {
@@ -115,7 +196,7 @@ pub fn save_drafter(vs: &nn::VarStore, cfg: &DrafterConfig, dir: &Path) -> Resul
 /// Loads a drafter directory written by [`save_drafter`] and checks it fits `target`.
 pub fn load_drafter(
     dir: &Path,
-    target: &Qwen3Config,
+    target: &TargetConfig,
     device: Device,
 ) -> Result<LoadedDrafter, ModelError> {
     let cfg: DrafterConfig = checkpoint::read_config(dir)?;

@@ -1,7 +1,9 @@
 //! Planning: everything that can be checked is checked before the run directory exists or
 //! any training work starts (settings, devices, the target, the drafter's fit, the data,
 //! its loss weights, the memory the largest batch needs), then where a resume starts and
-//! the trace recorder's set-up.
+//! the trace recorder's set-up. A target directory's `config.json` picks its family
+//! (llama, qwen2, qwen3) and every tensor of its safetensors headers is checked against
+//! that config (name, shape, dtype) without reading the weights.
 use chrome_trace_format::dflash as names;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -9,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use tch::{Device, Kind};
 
 use crate::cuda;
-use crate::model::{self, DrafterConfig, LayerType, ModelError, Qwen3Config, Qwen3ConfigFile};
+use crate::model::{self, DrafterConfig, LayerType, ModelError, TargetConfig};
 use crate::run_files;
 use crate::trace::{self, Recorder, RecorderConfig};
 
@@ -82,7 +84,7 @@ pub(super) fn compute_kind(device: Device) -> Kind {
 #[derive(Debug, Clone)]
 pub(super) enum TargetSource {
     Dir(PathBuf),
-    Preset(Qwen3Config, i64),
+    Preset(TargetConfig, i64),
 }
 
 impl TargetSource {
@@ -105,7 +107,7 @@ impl TargetSource {
 /// Everything checked and resolved before training.
 pub(super) struct Plan {
     pub cfg: TrainConfig,
-    pub target_cfg: Qwen3Config,
+    pub target_cfg: TargetConfig,
     pub source: TargetSource,
     pub drafter_cfg: DrafterConfig,
     pub target_devices: Vec<Device>,
@@ -162,11 +164,11 @@ impl Plan {
     }
 }
 
-fn resolve_target(cfg: &TrainConfig) -> Result<(TargetSource, Qwen3Config), TrainError> {
+fn resolve_target(cfg: &TrainConfig) -> Result<(TargetSource, TargetConfig), TrainError> {
     match (&cfg.target_preset, &cfg.target) {
         (Some(_), Some(_)) => Err(TrainError::TargetAndPreset),
         (Some(p), None) => {
-            let c = Qwen3Config::preset(p).ok_or_else(|| TrainError::UnknownPreset(p.clone()))?;
+            let c = TargetConfig::preset(p).ok_or_else(|| TrainError::UnknownPreset(p.clone()))?;
             Ok((TargetSource::Preset(c.clone(), cfg.seed as i64), c))
         }
         (None, dir) => {
@@ -174,19 +176,17 @@ fn resolve_target(cfg: &TrainConfig) -> Result<(TargetSource, Qwen3Config), Trai
             if !dir.is_dir() {
                 return Err(TrainError::NoTarget(dir));
             }
-            let c = model::checkpoint::read_config::<Qwen3ConfigFile>(&dir)
-                .and_then(|f| f.into_config())
-                .map_err(|source| TrainError::Target {
-                    dir: dir.clone(),
-                    source,
-                })?;
-            model::checkpoint::weight_files(&dir).map_err(TrainError::TargetWeights)?;
+            let c = model::read_target_config(&dir).map_err(|source| TrainError::Target {
+                dir: dir.clone(),
+                source,
+            })?;
+            model::check_target_weights(&dir, &c).map_err(TrainError::TargetWeights)?;
             Ok((TargetSource::Dir(dir), c))
         }
     }
 }
 
-fn drafter_config(cfg: &TrainConfig, target: &Qwen3Config) -> Result<DrafterConfig, TrainError> {
+fn drafter_config(cfg: &TrainConfig, target: &TargetConfig) -> Result<DrafterConfig, TrainError> {
     let mask_id = if cfg.mask_token_id >= 0 {
         cfg.mask_token_id
     } else if target.vocab_size == bytes::VOCAB {

@@ -7,7 +7,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use tch::{Device, Kind, Tensor};
 
-use crate::model::{self, ModelError, Qwen3Config};
+use crate::model::{self, ModelError, TargetConfig};
 
 use super::data::{self, bytes};
 use super::optim::{lr_at, AdamW, AdamWConfig};
@@ -26,7 +26,7 @@ pub struct PretrainConfig {
 /// returns (first loss, last loss, held-out loss).
 pub fn pretrain(
     text: &str,
-    model_cfg: &Qwen3Config,
+    model_cfg: &TargetConfig,
     cfg: &PretrainConfig,
     out: &Path,
     quiet: bool,
