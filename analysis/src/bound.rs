@@ -3,35 +3,17 @@
 //! syncs (the host waits, the GPU idles between), the allocator (device allocations and
 //! frees inside the step) or the input (a section that launches nothing while the GPU
 //! idles). One finding, the bound with the largest share, with its evidence in numbers.
+//! The thresholds are in [`crate::thresholds`].
 
 use chrome_trace_format::{dflash, Clock};
 
-use crate::breakdown::tables::{Breakdown, Finding};
-use crate::findings::pct;
+use crate::breakdown::tables::{Breakdown, Finding, Section};
 use crate::kernels::KernelView;
-
-/// The GPU busy this share of the step time or more bounds the step.
-pub const GPU_BOUND_BUSY: f64 = 0.8;
-/// Host syncs that wait this share of the step time or more, while the GPU is not busy
-/// enough to bound it.
-pub const SYNC_BOUND_SHARE: f64 = 0.25;
-/// Device allocations and frees taking this share of the step time or more.
-pub const ALLOC_BOUND_SHARE: f64 = 0.15;
-/// Launch calls taking this share of the step time or more...
-pub const LAUNCH_BOUND_SHARE: f64 = 0.3;
-/// ... while a kernel lasts less than this many times a launch call, on average.
-pub const LAUNCH_OVER_KERNEL: f64 = 2.0;
-/// A top-level section that launches (almost) nothing and takes this share of the step.
-pub const INPUT_BOUND_SHARE: f64 = 0.3;
-/// ... "almost nothing": launches, syncs and its kernels below this share of its time.
-pub const INPUT_GPU_SHARE: f64 = 0.1;
-/// Syncs this frequent (per step) with this few kernels between two of them drain the
-/// GPU's queue again and again: the idle GPU is theirs.
-pub const FREQUENT_SYNCS: f64 = 20.0;
-pub const KERNELS_PER_SYNC: f64 = 10.0;
-/// The GPU idle this share of the step or more, with no other bound standing out: the
-/// host bounds the step.
-pub const HOST_BOUND_IDLE: f64 = 0.2;
+use crate::thresholds::{
+    pct, ALLOC_BOUND_SHARE, FREQUENT_SYNCS, GPU_BOUND_BUSY, HOST_BOUND_IDLE, INPUT_BOUND_SHARE,
+    INPUT_GPU_SHARE, KERNELS_PER_SYNC, LAUNCH_BOUND_SHARE, LAUNCH_OVER_KERNEL, QUEUE_WAIT_SHARE,
+    SYNC_BOUND_SHARE,
+};
 
 /// The rules of this module, named by the bound they find.
 pub const RULES: [&str; 6] = [
@@ -51,10 +33,7 @@ fn per_step(x: f64, steps: f64) -> f64 {
 }
 
 /// The CPU sections that no other section encloses (envelopes and queue waits aside).
-fn outer_cpu<'a>(
-    b: &'a Breakdown,
-    k: &'a KernelView,
-) -> impl Iterator<Item = &'a crate::breakdown::Section> {
+fn outer_cpu<'a>(b: &'a Breakdown, k: &'a KernelView) -> impl Iterator<Item = &'a Section> {
     b.sections.iter().filter(|s| {
         s.kind == Clock::Cpu
             && !s.operator
@@ -105,30 +84,7 @@ pub fn bound(b: &Breakdown, out: &mut Vec<Finding>) {
     let mean_launch = k.launch.us / k.launch.calls.max(1) as f64;
 
     let chosen: Option<Candidate> = if busy >= GPU_BOUND_BUSY {
-        let streams: Vec<String> = k
-            .streams
-            .iter()
-            .take(3)
-            .map(|s| {
-                format!(
-                    "GPU {} stream {} {:.2} ms",
-                    s.pid,
-                    s.tid,
-                    per_step(s.busy_us, steps) / 1000.0
-                )
-            })
-            .collect();
-        Some((
-            "gpu_bound",
-            busy,
-            format!(
-                "GPU-bound: the work each step launches keeps the GPU busy {} of the step time (busy per step: {}; {:.0} kernels per step, {:.0} us each on average); the host waits for it, so faster kernels (or less work) speed the step up",
-                pct(busy),
-                streams.join(", "),
-                per_step(k.kernels as f64, steps),
-                mean_kernel
-            ),
-        ))
+        Some(gpu_bound(k, busy, steps))
     } else {
         let mut c: Vec<Candidate> = Vec::new();
         let sync = share(k.sync.us);
@@ -204,6 +160,36 @@ pub fn bound(b: &Breakdown, out: &mut Vec<Finding>) {
             text,
         });
     }
+}
+
+/// The GPU-bound candidate: the GPU is busy `busy` of the step time with the work the
+/// steps launched; the busiest streams and the kernels as evidence.
+fn gpu_bound(k: &KernelView, busy: f64, steps: f64) -> Candidate {
+    let mean_kernel = k.kernel_us / k.kernels.max(1) as f64;
+    let streams: Vec<String> = k
+        .streams
+        .iter()
+        .take(3)
+        .map(|s| {
+            format!(
+                "GPU {} stream {} {:.2} ms",
+                s.pid,
+                s.tid,
+                per_step(s.busy_us, steps) / 1000.0
+            )
+        })
+        .collect();
+    (
+        "gpu_bound",
+        busy,
+        format!(
+            "GPU-bound: the work each step launches keeps the GPU busy {} of the step time (busy per step: {}; {:.0} kernels per step, {:.0} us each on average); the host waits for it, so faster kernels (or less work) speed the step up",
+            pct(busy),
+            streams.join(", "),
+            per_step(k.kernels as f64, steps),
+            mean_kernel
+        ),
+    )
 }
 
 /// The outer section whose host time most exceeds the GPU work it launched, as the
@@ -282,7 +268,7 @@ pub fn pipeline(b: &Breakdown, out: &mut Vec<Finding>) {
         return;
     }
     let (get, put) = (side_of(dflash::QUEUE_GET), side_of(dflash::QUEUE_PUT));
-    let side = if get >= crate::findings::QUEUE_WAIT_SHARE && get >= put {
+    let side = if get >= QUEUE_WAIT_SHARE && get >= put {
         "target"
     } else {
         "drafter"

@@ -1,28 +1,16 @@
 //! Turns a breakdown into sentences: who waits on whom, which sections are launch-bound,
-//! how idle the GPU is, what dominates a step. Each rule has a named threshold; findings
-//! are ordered by the share of step time they concern.
+//! how idle the GPU is, what dominates a step. Each rule has a named threshold
+//! ([`crate::thresholds`]); findings are ordered by the share of step time they concern.
+//! What bounds a step is [`crate::bound`]'s.
 
 use chrome_trace_format::{dflash, Clock};
 
 use crate::breakdown::tables::Breakdown;
 pub use crate::breakdown::tables::Finding;
-
-/// A queue side that waits this share of the step time or more is starved (or blocked).
-pub const QUEUE_WAIT_SHARE: f64 = 0.10;
-/// A section whose CPU time is this many times its GPU time is launch-bound.
-pub const LAUNCH_BOUND_RATIO: f64 = 1.5;
-/// ... provided its CPU time is at least this share of the step time.
-pub const MIN_SECTION_SHARE: f64 = 0.03;
-/// The GPU idle this share of step time or more is worth a sentence.
-pub const GPU_IDLE_SHARE: f64 = 0.20;
-/// Steps are uneven when p95 exceeds the median by this factor.
-pub const UNEVEN_STEPS: f64 = 1.3;
-/// Sections named as the largest share of a step.
-pub const TOP_SECTIONS: usize = 3;
-
-pub(crate) fn pct(x: f64) -> String {
-    format!("{:.0}%", x * 100.0)
-}
+use crate::thresholds::{
+    pct, GPU_IDLE_SHARE, LAUNCH_BOUND_RATIO, MIN_SECTION_SHARE, QUEUE_WAIT_SHARE, TOP_SECTIONS,
+    UNEVEN_STEPS,
+};
 
 fn component(name: &str) -> &str {
     name.split('.').next().unwrap_or(name)

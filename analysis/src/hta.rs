@@ -19,7 +19,7 @@
 use polars::prelude::*;
 use rustc_hash::FxHashMap;
 
-use crate::kernels::Cols;
+use crate::columns::Cols;
 
 /// A gap shorter than this between a kernel and the next one, launched before the first
 /// ended, is kernel wait (HTA's launch-overhead idle); longer, it is "other".

@@ -10,15 +10,16 @@
 //! thread of the same process: the one that waits for the backward pass to finish.
 //!
 //! The walks here (parent chains, a sweep over time, running unions of intervals) are
-//! loops over plain vectors taken once from the spans frame; none of them is a column
-//! expression.
+//! loops over plain vectors taken once from the spans frame ([`crate::columns`]); none of
+//! them is a column expression. HTA's figures ([`crate::hta`]) come from the same
+//! vectors, kernels and launches.
 
 use chrome_trace_format::cuda_api::ApiClass;
 use chrome_trace_format::{Clock, SpanKind};
 use polars::prelude::*;
 use rustc_hash::FxHashMap;
 
-const NO_ROW: u32 = u32::MAX;
+use crate::columns::{Cols, NO_ROW};
 
 /// One kernel name.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -118,140 +119,6 @@ pub struct KernelView {
     pub by_name: Vec<KernelRow>,
     /// Sections that launched or waited, by kernel busy time (longest first).
     pub sections: Vec<SectionGpu>,
-}
-
-/// The spans frame as plain vectors (the columns the walks need).
-pub(crate) struct Cols {
-    pub(crate) kind: Vec<SpanKind>,
-    pub(crate) clock: Vec<Clock>,
-    pub(crate) step: Vec<Option<i64>>,
-    pub(crate) pid: Vec<i64>,
-    pub(crate) tid: Vec<i64>,
-    pub(crate) ts: Vec<f64>,
-    pub(crate) dur: Vec<f64>,
-    pub(crate) parent: Vec<u32>,
-    pub(crate) corr: Vec<Option<f64>>,
-    names: Names,
-}
-
-/// Span names: the Enum's codes and its mapping (no string column is built: casting a
-/// few million names to `String` was a sixth of a breakdown's time), or the plain strings
-/// when the loader could not build the Enum.
-enum Names {
-    Codes(Vec<u32>, std::sync::Arc<CategoricalMapping>),
-    Plain(StringChunked),
-}
-
-impl Cols {
-    fn take(spans: &DataFrame) -> PolarsResult<Cols> {
-        let codes = spans
-            .column("kind")?
-            .as_materialized_series()
-            .to_physical_repr()
-            .cast(&DataType::UInt32)?;
-        let kind = codes
-            .u32()?
-            .iter()
-            .map(|c| {
-                c.and_then(|c| SpanKind::ALL.get(c as usize).copied())
-                    .unwrap_or(SpanKind::Other)
-            })
-            .collect();
-        let clock = spans
-            .column("clock")?
-            .as_materialized_series()
-            .to_physical_repr()
-            .cast(&DataType::UInt32)?
-            .u32()?
-            .iter()
-            .map(|c| {
-                c.and_then(|c| Clock::ALL.get(c as usize).copied())
-                    .unwrap_or(Clock::Cpu)
-            })
-            .collect();
-        let f64s = |n: &str| -> PolarsResult<Vec<f64>> {
-            Ok(spans
-                .column(n)?
-                .f64()?
-                .iter()
-                .map(|v| v.unwrap_or(0.0))
-                .collect())
-        };
-        let i64s = |n: &str| -> PolarsResult<Vec<i64>> {
-            Ok(spans
-                .column(n)?
-                .i64()?
-                .iter()
-                .map(|v| v.unwrap_or(0))
-                .collect())
-        };
-        let name = spans.column("name")?;
-        let names = match name.dtype() {
-            DataType::Enum(_, mapping) | DataType::Categorical(_, mapping) => Names::Codes(
-                name.as_materialized_series()
-                    .to_physical_repr()
-                    .cast(&DataType::UInt32)?
-                    .u32()?
-                    .iter()
-                    .map(|c| c.unwrap_or(u32::MAX))
-                    .collect(),
-                mapping.clone(),
-            ),
-            _ => Names::Plain(name.cast(&DataType::String)?.str()?.rechunk().into_owned()),
-        };
-        Ok(Cols {
-            kind,
-            clock,
-            step: spans.column("step")?.i64()?.iter().collect(),
-            pid: i64s("pid")?,
-            tid: i64s("tid")?,
-            ts: f64s("ts")?,
-            dur: f64s("dur")?,
-            parent: spans
-                .column("parent")?
-                .u32()?
-                .iter()
-                .map(|p| p.unwrap_or(NO_ROW))
-                .collect(),
-            corr: spans.column("correlation")?.f64()?.iter().collect(),
-            names,
-        })
-    }
-
-    pub(crate) fn name(&self, row: usize) -> &str {
-        match &self.names {
-            Names::Codes(codes, mapping) => mapping.cat_to_str(codes[row]).unwrap_or(""),
-            Names::Plain(s) => s.get(row).unwrap_or(""),
-        }
-    }
-
-    pub(crate) fn end(&self, row: usize) -> f64 {
-        self.ts[row] + self.dur[row]
-    }
-
-    /// The innermost CPU section enclosing `row` on its track (itself if it is one).
-    fn section_of(&self, row: usize) -> Option<usize> {
-        let mut r = row as u32;
-        while r != NO_ROW {
-            if self.kind[r as usize] == SpanKind::Cpu {
-                return Some(r as usize);
-            }
-            r = self.parent[r as usize];
-        }
-        None
-    }
-
-    /// `row` and the CPU sections around it, innermost first.
-    fn with_ancestors(&self, row: usize, out: &mut Vec<usize>) {
-        out.clear();
-        let mut r = row as u32;
-        while r != NO_ROW {
-            if self.kind[r as usize] == SpanKind::Cpu {
-                out.push(r as usize);
-            }
-            r = self.parent[r as usize];
-        }
-    }
 }
 
 /// For launches with no section on their own thread: the innermost CPU section open at
@@ -389,76 +256,121 @@ pub fn kernel_view(spans: &DataFrame) -> PolarsResult<Option<KernelView>> {
     view(&Cols::take(spans)?)
 }
 
-fn view(c: &Cols) -> PolarsResult<Option<KernelView>> {
-    let mut kernels: Vec<usize> = (0..c.kind.len())
-        .filter(|&r| c.kind[r] == SpanKind::Kernel)
-        .collect();
-    if kernels.is_empty() {
-        return Ok(None);
-    }
-    kernels.sort_by(|&a, &b| c.ts[a].total_cmp(&c.ts[b]));
+/// The runtime and driver calls, and the section that owns each.
+struct Launches {
+    /// The launch row of each correlation id.
+    launch_of: FxHashMap<u64, usize>,
+    /// Every runtime or driver call, with its class.
+    runtime: Vec<(usize, ApiClass)>,
+    /// Calls with no section on their own thread -> the section waiting for them on
+    /// another thread of the process.
+    waiting: FxHashMap<usize, usize>,
+}
 
-    // Launches by correlation id, their class and their section.
-    let mut launch_of: FxHashMap<u64, usize> = FxHashMap::default();
-    let mut runtime: Vec<(usize, ApiClass)> = Vec::new();
-    let mut class_of: FxHashMap<&str, ApiClass> = FxHashMap::default();
-    for row in 0..c.kind.len() {
-        if c.kind[row] != SpanKind::Runtime {
-            continue;
+impl Launches {
+    fn find(c: &Cols) -> Launches {
+        let mut launch_of: FxHashMap<u64, usize> = FxHashMap::default();
+        let mut runtime: Vec<(usize, ApiClass)> = Vec::new();
+        let mut class_of: FxHashMap<&str, ApiClass> = FxHashMap::default();
+        for row in 0..c.kind.len() {
+            if c.kind[row] != SpanKind::Runtime {
+                continue;
+            }
+            let name = c.name(row);
+            let class = *class_of.entry(name).or_insert_with(|| ApiClass::of(name));
+            runtime.push((row, class));
+            if let Some(id) = c.corr[row] {
+                launch_of.insert(id as u64, row);
+            }
         }
-        let name = c.name(row);
-        let class = *class_of.entry(name).or_insert_with(|| ApiClass::of(name));
-        runtime.push((row, class));
-        if let Some(id) = c.corr[row] {
-            launch_of.insert(id as u64, row);
+        let orphans: Vec<usize> = runtime
+            .iter()
+            .filter(|&&(r, _)| c.section_of(r).is_none())
+            .map(|&(r, _)| r)
+            .collect();
+        let waiting = waiting_sections(c, &orphans);
+        Launches {
+            launch_of,
+            runtime,
+            waiting,
         }
     }
-    let orphans: Vec<usize> = runtime
-        .iter()
-        .filter(|&&(r, _)| c.section_of(r).is_none())
-        .map(|&(r, _)| r)
-        .collect();
-    let waiting = waiting_sections(c, &orphans);
-    let owner = |launch: usize| -> Option<(usize, bool)> {
+
+    /// The launch of kernel `k`, by its correlation id.
+    fn of(&self, c: &Cols, k: usize) -> Option<usize> {
+        c.corr[k].and_then(|id| self.launch_of.get(&(id as u64)).copied())
+    }
+
+    /// The section that owns a call, and whether it does through a waiting thread.
+    fn owner(&self, c: &Cols, launch: usize) -> Option<(usize, bool)> {
         c.section_of(launch)
             .map(|s| (s, false))
-            .or_else(|| waiting.get(&launch).map(|&s| (s, true)))
-    };
+            .or_else(|| self.waiting.get(&launch).map(|&s| (s, true)))
+    }
+}
 
-    let mut acc: FxHashMap<usize, Acc> = FxHashMap::default();
-    let mut chain = Vec::new();
-    let mut view_counts = (0u64, 0u64, 0u64);
-    let mut all = Union::default();
-    let mut kernel_us = 0.0;
-    let mut streams: FxHashMap<(i64, i64), (u64, Union)> = FxHashMap::default();
-    let mut names: FxHashMap<&str, (u64, f64)> = FxHashMap::default();
+/// What the pass over the kernels gathers.
+struct KernelPass<'c> {
+    /// Per section row.
+    acc: FxHashMap<usize, Acc>,
+    /// Kernels attributed, of those through a waiting thread, and unattributed.
+    attributed: u64,
+    via_waiting_thread: u64,
+    unattributed: u64,
+    /// Every kernel's interval.
+    all: Union,
+    kernel_us: f64,
+    /// Per (device, stream): kernels and their intervals.
+    streams: FxHashMap<(i64, i64), (u64, Union)>,
+    /// Per kernel name: count and total time.
+    names: FxHashMap<&'c str, (u64, f64)>,
+    /// The CPU step windows, and the intervals of the kernels each step launched.
+    windows: Vec<(f64, f64, i64)>,
+    per_step: Vec<Union>,
+}
+
+/// One pass over the kernels (sorted by start): totals, streams, names, the steps that
+/// launched them, and the sections that own their launches.
+fn kernel_pass<'c>(c: &'c Cols, kernels: &[usize], l: &Launches) -> KernelPass<'c> {
     let windows = step_windows(c);
-    let mut per_step: Vec<Union> = vec![Union::default(); windows.len()];
-    for &k in &kernels {
+    let mut p = KernelPass {
+        acc: FxHashMap::default(),
+        attributed: 0,
+        via_waiting_thread: 0,
+        unattributed: 0,
+        all: Union::default(),
+        kernel_us: 0.0,
+        streams: FxHashMap::default(),
+        names: FxHashMap::default(),
+        per_step: vec![Union::default(); windows.len()],
+        windows,
+    };
+    let mut chain = Vec::new();
+    for &k in kernels {
         let (s, e) = (c.ts[k], c.end(k));
-        all.add(s, e);
-        kernel_us += c.dur[k];
-        let st = streams.entry((c.pid[k], c.tid[k])).or_default();
+        p.all.add(s, e);
+        p.kernel_us += c.dur[k];
+        let st = p.streams.entry((c.pid[k], c.tid[k])).or_default();
         st.0 += 1;
         st.1.add(s, e);
-        let n = names.entry(c.name(k)).or_default();
+        let n = p.names.entry(c.name(k)).or_default();
         n.0 += 1;
         n.1 += c.dur[k];
-        let launch = c.corr[k].and_then(|id| launch_of.get(&(id as u64)).copied());
-        if let Some(w) = window_of(&windows, launch.map_or(s, |l| c.ts[l])) {
-            per_step[w].add(s, e);
+        let launch = l.of(c, k);
+        if let Some(w) = window_of(&p.windows, launch.map_or(s, |l| c.ts[l])) {
+            p.per_step[w].add(s, e);
         }
-        let Some((sec, via)) = launch.and_then(owner) else {
-            view_counts.2 += 1;
+        let Some((sec, via)) = launch.and_then(|launch| l.owner(c, launch)) else {
+            p.unattributed += 1;
             continue;
         };
-        view_counts.0 += 1;
+        p.attributed += 1;
         if via {
-            view_counts.1 += 1;
+            p.via_waiting_thread += 1;
         }
         c.with_ancestors(sec, &mut chain);
         for &a in &chain {
-            let x = acc.entry(a).or_insert_with(|| Acc {
+            let x = p.acc.entry(a).or_insert_with(|| Acc {
                 first: s,
                 last: e,
                 ..Acc::default()
@@ -469,16 +381,28 @@ fn view(c: &Cols) -> PolarsResult<Option<KernelView>> {
             x.last = x.last.max(e);
         }
     }
+    p
+}
 
+/// One pass over the runtime and driver calls: totals per class, and the launches,
+/// syncs and allocations of the sections that own them (added to `acc`).
+fn api_pass(
+    c: &Cols,
+    l: &Launches,
+    acc: &mut FxHashMap<usize, Acc>,
+) -> FxHashMap<ApiClass, ApiTotals> {
     let mut totals: FxHashMap<ApiClass, ApiTotals> = FxHashMap::default();
-    for &(r, class) in &runtime {
+    let mut chain = Vec::new();
+    for &(r, class) in &l.runtime {
         let t = totals.entry(class).or_default();
         t.calls += 1;
         t.us += c.dur[r];
         if class == ApiClass::Other {
             continue;
         }
-        let Some((sec, _)) = owner(r) else { continue };
+        let Some((sec, _)) = l.owner(c, r) else {
+            continue;
+        };
         c.with_ancestors(sec, &mut chain);
         for &a in &chain {
             let x = acc.entry(a).or_insert_with(|| Acc {
@@ -503,8 +427,11 @@ fn view(c: &Cols) -> PolarsResult<Option<KernelView>> {
             }
         }
     }
+    totals
+}
 
-    let busy = all.total();
+/// Every kernel name, by total time (longest first).
+fn kernel_rows(names: FxHashMap<&str, (u64, f64)>, kernel_us: f64) -> Vec<KernelRow> {
     let mut by_name: Vec<KernelRow> = names
         .into_iter()
         .map(|(name, (count, total))| KernelRow {
@@ -520,7 +447,11 @@ fn view(c: &Cols) -> PolarsResult<Option<KernelView>> {
         })
         .collect();
     by_name.sort_by(|a, b| b.total_us.total_cmp(&a.total_us).then(a.name.cmp(&b.name)));
+    by_name
+}
 
+/// The section rows summed per name, by kernel busy time (longest first).
+fn section_rows(c: &Cols, acc: FxHashMap<usize, Acc>) -> Vec<SectionGpu> {
     let mut per_name: FxHashMap<&str, SectionGpu> = FxHashMap::default();
     for (row, x) in acc {
         let name = c.name(row);
@@ -559,6 +490,11 @@ fn view(c: &Cols) -> PolarsResult<Option<KernelView>> {
             .then(b.launch_us.total_cmp(&a.launch_us))
             .then(a.name.cmp(&b.name))
     });
+    sections
+}
+
+/// The streams, busiest first.
+fn stream_rows(streams: FxHashMap<(i64, i64), (u64, Union)>) -> Vec<StreamBusy> {
     let mut streams: Vec<StreamBusy> = streams
         .into_iter()
         .map(|((pid, tid), (n, u))| StreamBusy {
@@ -573,24 +509,41 @@ fn view(c: &Cols) -> PolarsResult<Option<KernelView>> {
             .total_cmp(&a.busy_us)
             .then((a.pid, a.tid).cmp(&(b.pid, b.tid)))
     });
+    streams
+}
+
+/// The kernel view over the columns, `None` when the trace has no kernels.
+fn view(c: &Cols) -> PolarsResult<Option<KernelView>> {
+    let mut kernels: Vec<usize> = (0..c.kind.len())
+        .filter(|&r| c.kind[r] == SpanKind::Kernel)
+        .collect();
+    if kernels.is_empty() {
+        return Ok(None);
+    }
+    kernels.sort_by(|&a, &b| c.ts[a].total_cmp(&c.ts[b]));
+
+    let launches = Launches::find(c);
+    let mut pass = kernel_pass(c, &kernels, &launches);
+    let mut totals = api_pass(c, &launches, &mut pass.acc);
     let mut total = |k| totals.remove(&k).unwrap_or_default();
     Ok(Some(KernelView {
         kernels: kernels.len() as u64,
-        gpu_busy_us: busy,
-        kernel_us,
-        attributed: view_counts.0,
-        via_waiting_thread: view_counts.1,
-        unattributed: view_counts.2,
-        step_busy_us: per_step.iter().map(Union::total).sum(),
-        step_busy: windows
+        gpu_busy_us: pass.all.total(),
+        kernel_us: pass.kernel_us,
+        attributed: pass.attributed,
+        via_waiting_thread: pass.via_waiting_thread,
+        unattributed: pass.unattributed,
+        step_busy_us: pass.per_step.iter().map(Union::total).sum(),
+        step_busy: pass
+            .windows
             .iter()
-            .zip(&per_step)
+            .zip(&pass.per_step)
             .map(|(w, u)| StepBusy {
                 step: w.2,
                 busy_us: u.total(),
             })
             .collect(),
-        streams,
+        streams: stream_rows(pass.streams),
         outer_sections: {
             let mut n: Vec<String> = outer_sections(c).map(|r| c.name(r).to_string()).collect();
             n.sort();
@@ -601,8 +554,8 @@ fn view(c: &Cols) -> PolarsResult<Option<KernelView>> {
         sync: total(ApiClass::Sync),
         alloc: total(ApiClass::Alloc),
         free: total(ApiClass::Free),
-        hta: crate::hta::hta(c, &kernels, &launch_of),
-        by_name,
-        sections,
+        hta: crate::hta::hta(c, &kernels, &launches.launch_of),
+        by_name: kernel_rows(pass.names, pass.kernel_us),
+        sections: section_rows(c, pass.acc),
     }))
 }

@@ -128,33 +128,7 @@ fn run() -> anyhow::Result<Outcome> {
                 emit(&format!("{}\n", p.display()))?;
             }
         }
-        Command::Compare(a) => {
-            if !(0.0..1.0).contains(&a.noise) {
-                anyhow::bail!("--noise {} must lie in [0, 1)", a.noise);
-            }
-            let plot_dir = a.plot.as_deref().map(prepare_dir).transpose()?;
-            let ta = load_run(&a.run_a)?;
-            let tb = load_run(&a.run_b)?;
-            let opts = CompareOptions {
-                noise: a.noise,
-                alpha: a.alpha,
-                seed: a.seed,
-            };
-            let (c, _, _) = compare::compare(&ta, &tb, &opts).context("comparing the runs")?;
-            emit(&if a.json {
-                json(&c)?
-            } else {
-                render::comparison(&c, color)
-            })?;
-            if let Some(dir) = plot_dir {
-                for p in plot::plot_compare(&c, &dir)? {
-                    eprintln!("wrote {}", p.display());
-                }
-            }
-            if a.fail_on_regression && c.regressions > 0 {
-                return Ok(Outcome::Regression);
-            }
-        }
+        Command::Compare(a) => return compare_runs(&a, color, &load_run),
         Command::Export(a) => {
             let dir = prepare_dir(&a.out)?;
             let trace = load_run(&a.run)?;
@@ -176,35 +150,7 @@ fn run() -> anyhow::Result<Outcome> {
             std::fs::write(&a.out, html).with_context(|| format!("writing {}", a.out.display()))?;
             emit(&format!("{}\n", a.out.display()))?;
         }
-        Command::Info(a) => {
-            let trace = load_run(&a.run)?;
-            let s = &trace.stats;
-            if a.json {
-                emit(&json(s)?)?;
-            } else {
-                emit(&format!(
-                    "{}: {} bytes ({} of JSON), {} events -> {} spans, {} counter values, {} flow ends in {:.3} s ({:.0} MB/s; scan {:.3} s, tables {:.3} s)\n",
-                    trace.path.display(),
-                    s.file_bytes,
-                    s.json_bytes,
-                    s.events,
-                    s.spans,
-                    s.counters,
-                    s.flows,
-                    s.seconds,
-                    s.file_bytes as f64 / 1e6 / s.seconds.max(1e-9),
-                    s.scan_seconds,
-                    s.seconds - s.scan_seconds,
-                ))?;
-                // A resumed run's segments, in the order they were joined.
-                if s.segments.len() > 1 {
-                    for (k, f) in s.segments.iter().enumerate() {
-                        let n = s.segments.len();
-                        emit(&format!("  file {} of {n}: {}\n", k + 1, f.display()))?;
-                    }
-                }
-            }
-        }
+        Command::Info(a) => info(&a, &load_run(&a.run)?)?,
         Command::Synth(a) => {
             let spec = synth::SynthSpec {
                 seed: a.seed,
@@ -227,4 +173,70 @@ fn run() -> anyhow::Result<Outcome> {
         }
     }
     Ok(Outcome::Ok)
+}
+
+/// `compare`: both runs, the comparison on stdout, its plots if asked; a flagged
+/// regression under `--fail-on-regression` is the outcome.
+fn compare_runs(
+    a: &cli::CompareArgs,
+    color: bool,
+    load_run: &dyn Fn(&Path) -> anyhow::Result<Trace>,
+) -> anyhow::Result<Outcome> {
+    if !(0.0..1.0).contains(&a.noise) {
+        anyhow::bail!("--noise {} must lie in [0, 1)", a.noise);
+    }
+    let plot_dir = a.plot.as_deref().map(prepare_dir).transpose()?;
+    let ta = load_run(&a.run_a)?;
+    let tb = load_run(&a.run_b)?;
+    let opts = CompareOptions {
+        noise: a.noise,
+        alpha: a.alpha,
+        seed: a.seed,
+    };
+    let (c, _, _) = compare::compare(&ta, &tb, &opts).context("comparing the runs")?;
+    emit(&if a.json {
+        json(&c)?
+    } else {
+        render::comparison(&c, color)
+    })?;
+    if let Some(dir) = plot_dir {
+        for p in plot::plot_compare(&c, &dir)? {
+            eprintln!("wrote {}", p.display());
+        }
+    }
+    if a.fail_on_regression && c.regressions > 0 {
+        return Ok(Outcome::Regression);
+    }
+    Ok(Outcome::Ok)
+}
+
+/// `info`: what was read and how fast.
+fn info(a: &cli::InfoArgs, trace: &Trace) -> anyhow::Result<()> {
+    let s = &trace.stats;
+    if a.json {
+        emit(&json(s)?)?;
+    } else {
+        emit(&format!(
+            "{}: {} bytes ({} of JSON), {} events -> {} spans, {} counter values, {} flow ends in {:.3} s ({:.0} MB/s; scan {:.3} s, tables {:.3} s)\n",
+            trace.path.display(),
+            s.file_bytes,
+            s.json_bytes,
+            s.events,
+            s.spans,
+            s.counters,
+            s.flows,
+            s.seconds,
+            s.file_bytes as f64 / 1e6 / s.seconds.max(1e-9),
+            s.scan_seconds,
+            s.seconds - s.scan_seconds,
+        ))?;
+        // A resumed run's segments, in the order they were joined.
+        if s.segments.len() > 1 {
+            for (k, f) in s.segments.iter().enumerate() {
+                let n = s.segments.len();
+                emit(&format!("  file {} of {n}: {}\n", k + 1, f.display()))?;
+            }
+        }
+    }
+    Ok(())
 }

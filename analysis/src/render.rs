@@ -235,7 +235,7 @@ fn cpu_gpu_table(out: &mut String, b: &Breakdown, top: usize, color: bool) {
             .take(if top == 0 { usize::MAX } else { top })
         {
             let mut ratio = Cell::new(format!("{:.2}", c.cpu_over_gpu));
-            if color && c.cpu_over_gpu >= crate::findings::LAUNCH_BOUND_RATIO {
+            if color && c.cpu_over_gpu >= crate::thresholds::LAUNCH_BOUND_RATIO {
                 ratio = ratio.fg(Color::Yellow);
             }
             t.add_row(vec![

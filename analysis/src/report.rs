@@ -5,6 +5,8 @@ use std::fmt::Write as _;
 
 use crate::breakdown::{self, Breakdown};
 use crate::compare::{self, CompareOptions, Comparison};
+use crate::hta::Hta;
+use crate::kernels::KernelView;
 use crate::load::Trace;
 use crate::plot;
 
@@ -97,8 +99,17 @@ fn num(x: f64, digits: usize) -> (String, bool) {
     (format!("{x:.digits$}"), true)
 }
 
-/// Kernels, sections on the GPU, and what Holistic Trace Analysis reports for one rank.
+/// Memory, kernels, sections on the GPU, and what Holistic Trace Analysis reports for one
+/// rank.
 fn gpu_tables(out: &mut String, b: &Breakdown) {
+    memory_html(out, b);
+    let Some(k) = &b.kernels else { return };
+    kernel_tables(out, k);
+    hta_tables(out, &k.hta);
+}
+
+/// The allocator's peaks, where the trace records them.
+fn memory_html(out: &mut String, b: &Breakdown) {
     if let Some(m) = &b.memory {
         let _ = write!(
             out,
@@ -111,7 +122,10 @@ fn gpu_tables(out: &mut String, b: &Breakdown) {
             m.last_allocated_bytes / 1048576.0
         );
     }
-    let Some(k) = &b.kernels else { return };
+}
+
+/// The kernels by name and the sections on the GPU.
+fn kernel_tables(out: &mut String, k: &KernelView) {
     let _ = write!(
         out,
         "<h3>Kernels</h3><p>{} kernels, GPU busy {} ms; {} of them attributed to a section \
@@ -166,7 +180,10 @@ fn gpu_tables(out: &mut String, b: &Breakdown) {
         ],
         rows,
     );
-    let h = &k.hta;
+}
+
+/// HTA's temporal breakdown, idle time and queue length per stream, and launches.
+fn hta_tables(out: &mut String, h: &Hta) {
     out.push_str(
         "<h3>Temporal breakdown</h3><p>Per GPU, from its first kernel to its last; ms.</p>",
     );

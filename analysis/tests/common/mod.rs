@@ -1,6 +1,7 @@
 //! Helpers shared by the integration tests.
 #![allow(dead_code)]
 
+use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use assert_cmd::Command;
@@ -10,6 +11,15 @@ pub fn fixture(rel: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../fixtures/traces")
         .join(rel)
+}
+
+/// The bytes of a gzipped file, unpacked.
+pub fn gunzip(path: &Path) -> Vec<u8> {
+    let mut out = Vec::new();
+    flate2::read::GzDecoder::new(std::fs::File::open(path).unwrap())
+        .read_to_end(&mut out)
+        .unwrap();
+    out
 }
 
 pub fn bin() -> Command {

@@ -21,7 +21,8 @@
 //! May import: `std`, `serde` (derives) and `serde_json` (the header's objects). No
 //! libtorch, no polars: the recorder, the trainer and the analyzer all import it, and it
 //! imports none of them. Inside, [`writer`] sits on top; the other modules import at most
-//! [`json`], [`category`] and [`phase`].
+//! [`json`], [`category`], [`phase`] and [`names`], and none imports this file's
+//! re-exports (`crate::Category` is spelled `crate::category::Category` inside the crate).
 //!
 //! A new kind of event (kernels, runtime calls, allocator counters) is added here once: a
 //! [`Category`] for its `cat` (with the [`SpanKind`] and [`Clock`] a reader gives it), a

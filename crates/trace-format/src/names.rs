@@ -42,7 +42,7 @@ pub mod kineto {
     pub const DEVICE: &str = "device";
     pub const CONTEXT: &str = "context";
     pub const STREAM: &str = "stream";
-    pub const CORRELATION: &str = super::CORRELATION_ARG;
+    pub const CORRELATION: &str = crate::names::CORRELATION_ARG;
     /// The CUPTI callback id of a runtime or driver call.
     pub const CBID: &str = "cbid";
     pub const REGISTERS: &str = "registers per thread";
