@@ -18,8 +18,8 @@ use serde::{Deserialize, Serialize};
 use tch::nn::{self, Module};
 use tch::{Kind, Tensor};
 
+use super::error::ModelError;
 use super::layers::{attention, merge_heads, split_heads, Linear, Mlp, RmsNorm, Rope, RopeScaling};
-use super::ModelError;
 
 /// The model families a target may be, by Hugging Face `model_type`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
