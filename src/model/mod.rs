@@ -1,10 +1,10 @@
 //! The models: the frozen target ([`target`]: a Llama, Qwen2/Qwen2.5 or Qwen3 checkpoint,
-//! the family selected by its `config.json`) and the DFlash block-diffusion drafter
-//! ([`drafter`]), each a plain tch module, plus the pieces of the DFlash training objective
-//! ([`objective`]) and Hugging Face-style checkpoint I/O ([`checkpoint`]). A target
-//! checkpoint's tensors are checked against its config from the safetensors headers
-//! ([`check_target_weights`]) before any weight is read. Every part reports
-//! [`ModelError`].
+//! the family selected by its `config.json`, read by [`target_config`]) and the DFlash
+//! block-diffusion drafter ([`drafter`]), each a plain tch module, plus the pieces of the
+//! DFlash training objective ([`objective`]) and Hugging Face-style checkpoint I/O
+//! ([`checkpoint`]). A target checkpoint's tensors are checked against its config from the
+//! safetensors headers ([`check_target_weights`]) before any weight is read. Every part
+//! reports [`ModelError`].
 use std::path::Path;
 
 use tch::{nn, Device, Kind};
@@ -15,15 +15,17 @@ mod error;
 pub mod layers;
 pub mod objective;
 pub mod target;
+pub mod target_config;
 
 pub use drafter::{Drafter, DrafterConfig, LayerType};
 pub use error::ModelError;
 pub use layers::RopeScaling;
-pub use target::{Family, Target, TargetConfig, TargetConfigFile};
+pub use target::Target;
 /// The names of the target types from when only the Qwen3 layout was read.
-pub use target::{
-    Target as Qwen3, TargetConfig as Qwen3Config, TargetConfigFile as Qwen3ConfigFile,
-};
+pub use target::Target as Qwen3;
+pub use target_config::{Family, TargetConfig, TargetConfigFile};
+/// The names of the target config types from when only the Qwen3 layout was read.
+pub use target_config::{TargetConfig as Qwen3Config, TargetConfigFile as Qwen3ConfigFile};
 
 /// A target loaded for inference: its variables are frozen.
 pub struct LoadedTarget {
