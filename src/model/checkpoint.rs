@@ -12,7 +12,7 @@ use safetensors::tensor::{Dtype, Metadata, TensorView};
 use safetensors::SafeTensors;
 use tch::{Kind, Tensor};
 
-use super::ModelError;
+use super::error::ModelError;
 
 /// The name -> file map of `model.safetensors.index.json`, file names relative to `dir`.
 fn read_index(index: &Path) -> Result<BTreeMap<String, String>, ModelError> {

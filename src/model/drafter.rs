@@ -10,10 +10,10 @@ use serde::{Deserialize, Serialize};
 use tch::nn::{self, Module};
 use tch::Tensor;
 
+use super::error::ModelError;
 use super::layers::{attention, merge_heads, split_heads, Linear, Mlp, RmsNorm, Rope};
 use super::objective::{GroupedMask, QueryGroup};
-use super::target::TargetConfig;
-use super::ModelError;
+use super::target_config::TargetConfig;
 
 /// Attention span of a drafter layer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -1,51 +1,31 @@
 //! The models: the frozen target ([`target`]: a Llama, Qwen2/Qwen2.5 or Qwen3 checkpoint,
-//! the family selected by its `config.json`) and the DFlash block-diffusion drafter
-//! ([`drafter`]), each a plain tch module, plus the pieces of the DFlash training objective
-//! ([`objective`]) and Hugging Face-style checkpoint I/O ([`checkpoint`]). A target
-//! checkpoint's tensors are checked against its config from the safetensors headers
-//! ([`check_target_weights`]) before any weight is read.
+//! the family selected by its `config.json`, read by [`target_config`]) and the DFlash
+//! block-diffusion drafter ([`drafter`]), each a plain tch module, plus the pieces of the
+//! DFlash training objective ([`objective`]) and Hugging Face-style checkpoint I/O
+//! ([`checkpoint`]). A target checkpoint's tensors are checked against its config from the
+//! safetensors headers ([`check_target_weights`]) before any weight is read. Every part
+//! reports [`ModelError`].
 use std::path::Path;
 
 use tch::{nn, Device, Kind};
 
 pub mod checkpoint;
 pub mod drafter;
+mod error;
 pub mod layers;
 pub mod objective;
 pub mod target;
+pub mod target_config;
 
 pub use drafter::{Drafter, DrafterConfig, LayerType};
+pub use error::ModelError;
 pub use layers::RopeScaling;
-pub use target::{Family, Target, TargetConfig, TargetConfigFile};
+pub use target::Target;
 /// The names of the target types from when only the Qwen3 layout was read.
-pub use target::{
-    Target as Qwen3, TargetConfig as Qwen3Config, TargetConfigFile as Qwen3ConfigFile,
-};
-
-/// Errors of model construction, checkpoint I/O and the objective.
-#[derive(Debug, thiserror::Error)]
-pub enum ModelError {
-    #[error("bad model config: {0}")]
-    Config(String),
-    #[error("bad checkpoint: {0}")]
-    Checkpoint(String),
-    #[error("{path}: {source}")]
-    Io {
-        path: String,
-        source: std::io::Error,
-    },
-    #[error("libtorch: {0}")]
-    Torch(#[from] tch::TchError),
-}
-
-impl ModelError {
-    pub fn io(path: &Path, source: std::io::Error) -> Self {
-        Self::Io {
-            path: path.display().to_string(),
-            source,
-        }
-    }
-}
+pub use target::Target as Qwen3;
+pub use target_config::{Family, TargetConfig, TargetConfigFile};
+/// The names of the target config types from when only the Qwen3 layout was read.
+pub use target_config::{TargetConfig as Qwen3Config, TargetConfigFile as Qwen3ConfigFile};
 
 /// A target loaded for inference: its variables are frozen.
 pub struct LoadedTarget {

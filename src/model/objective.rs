@@ -6,7 +6,7 @@ use rand::seq::index::sample;
 use rand::Rng;
 use tch::{Device, Kind, Tensor};
 
-use super::ModelError;
+use super::error::ModelError;
 
 /// Anchors of one step: `anchors [B, N]` (i64, sorted ascending among kept slots) and
 /// `keep [B, N]` (bool, false for unused slots, whose anchor is 0).

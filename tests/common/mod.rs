@@ -1,5 +1,8 @@
-//! Helpers shared by the end-to-end tests that drive the `dflash` binary.
+//! Helpers shared by the end-to-end tests that drive the `dflash` binary, and
+//! ([`hf_checkpoint`]) tiny Hugging Face checkpoints written without the library.
 #![allow(dead_code)]
+pub mod hf_checkpoint;
+
 use std::path::Path;
 use std::process::{Child, Command, Output};
 use std::time::Duration;
