@@ -22,9 +22,12 @@
 //!   prefix of `full` (most templates: the span is the content and the end-of-turn text,
 //!   e.g. `...<|im_end|>\n` or `...<|eot_id|>`);
 //! - otherwise the template renders a last assistant turn differently from an earlier one
-//!   (Qwen3 adds an empty `<think>` block to the last turn only): the span ends after the
-//!   message's content, found in `full` after the span's start, and the end-of-turn text
-//!   that follows the content in the `messages[..=i]` rendering, where `full` has it too.
+//!   (Qwen3 drops the reasoning of earlier turns and gives the last an empty `<think>`
+//!   block; DeepSeek-R1 likewise): the turn ends after the first `eos_token` (e.g.
+//!   `<|im_end|>`) in `full` after the span's start, and the text that follows the
+//!   `eos_token` at the end of the `messages[..=i]` rendering (e.g. `\n`) where `full` has
+//!   it too; without an `eos_token` in that rendering, after the message's content found in
+//!   `full` (as written, or trimmed) and that same trailing text.
 //!
 //! A template whose rendering of earlier messages depends on later ones in any other way
 //! is refused for that conversation (the error says which turn).
@@ -133,9 +136,10 @@ impl ChatTemplate {
             let end = if text.starts_with(&upto) && upto.len() >= start {
                 upto.len()
             } else {
-                content_end(&text, start, &upto, m).ok_or_else(|| {
+                let eos = self.specials.get("eos_token").map(String::as_str);
+                turn_end(&text, start, &upto[start.min(upto.len())..], m, eos).ok_or_else(|| {
                     format!(
-                        "cannot find the content of assistant turn {turn} in the rendered conversation (the chat template changes it)"
+                        "cannot find where assistant turn {turn} ends in the rendered conversation (the chat template renders it differently as the last message, and it has no eos_token there)"
                     )
                 })?
             };
@@ -150,23 +154,37 @@ pub fn role(m: &Json) -> Option<&str> {
     m.get("role").and_then(Json::as_str)
 }
 
-/// Where an assistant turn ends in `full` when its own rendering as the last message
-/// differs: after its content (searched from `start`) and the end-of-turn text the
-/// template writes after the content.
-fn content_end(full: &str, start: usize, upto: &str, m: &Json) -> Option<usize> {
-    let content = m.get("content").and_then(Json::as_str).unwrap_or("");
-    let (at, content) = [content, content.trim()]
-        .into_iter()
-        .find_map(|c| full[start..].find(c).map(|at| (at, c)))?;
-    let end = start + at + content.len();
-    let suffix = upto
-        .rfind(content)
-        .map_or("", |p| &upto[p + content.len()..]);
-    Some(if full[end..].starts_with(suffix) {
-        end + suffix.len()
-    } else {
-        end
-    })
+/// Where an assistant turn that starts at `start` ends in `full` when its rendering as the
+/// last message, `last`, differs from its rendering there: after the first `eos` in
+/// `full[start..]` when `last` has one, else after the message's content; then over what
+/// `last` writes after that point, where `full` has it too.
+fn turn_end(full: &str, start: usize, last: &str, m: &Json, eos: Option<&str>) -> Option<usize> {
+    let rest = &full[start..];
+    let (end, after) = match eos.filter(|e| !e.is_empty() && last.contains(*e)) {
+        Some(e) => {
+            let at = rest.find(e)? + e.len();
+            (at, &last[last.rfind(e)? + e.len()..])
+        }
+        None => {
+            let content = m.get("content").and_then(Json::as_str).unwrap_or("");
+            let (at, c) = [content, content.trim()]
+                .into_iter()
+                .find_map(|c| rest.find(c).map(|at| (at, c)))?;
+            (
+                at + c.len(),
+                last.rfind(c).map_or("", |p| &last[p + c.len()..]),
+            )
+        }
+    };
+    Some(
+        start
+            + end
+            + if rest[end..].starts_with(after) {
+                after.len()
+            } else {
+                0
+            },
+    )
 }
 
 #[cfg(test)]
@@ -209,6 +227,22 @@ mod tests {
                 "<think>\n\n</think>\n\nciao<|im_end|>\n"
             ]
         );
+    }
+
+    #[test]
+    fn a_turn_rewritten_beyond_its_content_ends_at_the_eos_token() {
+        // like Qwen3: earlier turns lose their reasoning, the last keeps it
+        let src = "{% for m in messages %}<|im_start|>{{ m.role }}\n{% if m.role == 'assistant' and not loop.last %}{{ m.content.split('</think>')[-1] }}{% else %}{{ m.content }}{% endif %}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
+        let mut c = conv();
+        c[1]["content"] = json!("<think>sum</think>hello");
+        let none = ChatTemplate::new(src, BTreeMap::new()).unwrap();
+        let e = none.render_spans(&c).unwrap_err();
+        assert!(e.contains("cannot find where assistant turn 1 ends"), "{e}");
+        let eos = BTreeMap::from([("eos_token".to_string(), "<|im_end|>".to_string())]);
+        let t = ChatTemplate::new(src, eos).unwrap();
+        let r = t.render_spans(&c).unwrap();
+        let got: Vec<&str> = r.spans.iter().map(|s| &r.text[s.clone()]).collect();
+        assert_eq!(got, ["hello<|im_end|>\n", "ciao<|im_end|>\n"]);
     }
 
     #[test]
