@@ -1,4 +1,5 @@
 //! `dflash`: parse options, prepare the run, train, report.
+use std::io::ErrorKind;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -11,7 +12,7 @@ use dflash::train::config::{Layer, TrainConfig};
 use dflash::train::pipeline::{self, RunOptions, RunReport, RunStatus, TrainError};
 use dflash::train::prepare;
 use dflash::train::pretrain::{self, PretrainConfig};
-use dflash::train::records::DataError;
+use dflash::train::records::{DataError, Format};
 use dflash::train::tokenizer;
 
 mod cli;
@@ -232,23 +233,35 @@ fn prepare_data(args: PrepareArgs) -> anyhow::Result<()> {
     let tok = tokenizer::resolve(args.tokenizer.as_deref(), Some(&target), vocab).map_err(usage)?;
     let t0 = std::time::Instant::now();
     let p = prepare::prepare(&args.data, &args.out, &tok, vocab).map_err(|e| match &e {
-        // a failed write is the machine's problem, unless the disk is full
-        DataError::Write { source, .. } if !dflash::durable::is_disk_full(source) => e.into(),
+        // a failed write is the machine's problem, unless the disk is full or the path
+        // cannot be written
+        DataError::Write { source, .. }
+            if !dflash::durable::is_disk_full(source)
+                && !matches!(
+                    source.kind(),
+                    ErrorKind::NotFound | ErrorKind::PermissionDenied
+                ) =>
+        {
+            e.into()
+        }
         _ => usage(e),
     })?;
     for w in &p.warnings {
         eprintln!("warning: {w}");
     }
     let secs = t0.elapsed().as_secs_f64();
+    let how = match p.format {
+        Format::TokenIds => "ids as given".to_string(),
+        _ => format!("tokenized with {}", tok.describe()),
+    };
     eprintln!(
-        "prepared {}: {} records, {} tokens ({} with a loss weight) of {} ({}), tokenized with {}, in {secs:.2} s ({:.0} tokens/s)",
+        "prepared {}: {} records, {} tokens ({} with a loss weight) of {} ({}, {how}) in {secs:.2} s ({:.0} tokens/s)",
         args.out.display(),
         p.records,
         p.tokens,
         p.weighted,
         args.data.display(),
         p.format.describe(),
-        tok.describe(),
         p.tokens as f64 / secs.max(1e-9)
     );
     Ok(())

@@ -477,6 +477,10 @@ fn bad_input_is_refused_in_one_line_naming_the_file_and_line() {
     let raising = "{% for m in messages %}{% if m.role == 'system' %}{{ raise_exception('System role not supported') }}{% endif %}{{ m.content }}{% endfor %}";
     let strict = p(&word_dir(&d.path().join("strict"), raising));
     let words = p(&word_dir(&d.path().join("words"), QWEN25));
+    let broken = p(&word_dir(
+        &d.path().join("broken"),
+        "{% for m in messages %}",
+    ));
     let conv = |sys: bool, asst: bool| {
         let mut m = vec![msg("user", "Hello!")];
         if sys {
@@ -516,6 +520,10 @@ fn bad_input_is_refused_in_one_line_naming_the_file_and_line() {
             vec![format!(
                 "{chat}:2: the chat template failed: System role not supported"
             )],
+        ),
+        (
+            train(&["--tokenizer", &broken, "--data", &chat]),
+            vec![format!("{broken}/tokenizer_config.json: chat_template does not parse: syntax error: unexpected end of input")],
         ),
         (
             train(&["--tokenizer", &words, "--data", &lonely]),

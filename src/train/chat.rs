@@ -137,7 +137,7 @@ impl ChatTemplate {
                 upto.len()
             } else {
                 let eos = self.specials.get("eos_token").map(String::as_str);
-                turn_end(&text, start, &upto[start.min(upto.len())..], m, eos).ok_or_else(|| {
+                turn_end(&text, start, upto.get(start..).unwrap_or(""), m, eos).ok_or_else(|| {
                     format!(
                         "cannot find where assistant turn {turn} ends in the rendered conversation (the chat template renders it differently as the last message, and it has no eos_token there)"
                     )

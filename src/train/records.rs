@@ -14,7 +14,7 @@
 //!     tokenized once; the loss mask is 1 on the assistant turns' tokens only (how they
 //!     are found: `chat`'s module header; a token is the assistant's when its first byte
 //!     is). A conversation with no assistant turn is skipped and counted.
-//! - **Plain text** otherwise: one stream of tokens (the file in blocks of about 1 MiB cut
+//! - **Plain text** otherwise: one stream of tokens (the file in blocks of about 256 KiB cut
 //!   at line ends, each tokenized on its own), cut into windows at load time.
 //!
 //! Documents and conversations are truncated to `seq_len` at load time; a stream is cut
@@ -403,9 +403,10 @@ pub fn conversation(messages: &[Json], tok: &Tokenizer) -> Result<Option<Record>
     Ok(Some(Record { ids, mask }))
 }
 
-/// Bytes per plain-text block, and blocks per parallel batch.
-const BLOCK_BYTES: usize = 1 << 20;
-const BATCH_BLOCKS: usize = 16;
+/// Bytes per plain-text block (a block's tokenization takes tens of times its size while
+/// it runs), and blocks per parallel batch.
+const BLOCK_BYTES: usize = 256 << 10;
+const BATCH_BLOCKS: usize = 64;
 
 /// Reads plain text in blocks cut at line ends, tokenized in parallel, one record each.
 fn read_text(
