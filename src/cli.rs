@@ -8,7 +8,7 @@ use clap::{Args, Parser, Subcommand};
     name = "dflash",
     version,
     about = "Train DFlash block-diffusion drafters for speculative decoding, with a built-in trace recorder.",
-    after_help = "Examples:\n  dflash train --trace runs/demo                  # embedded default: tiny target + corpus, traced\n  dflash train --target ckpt/Qwen3-8B --data train.jsonl --target-devices cuda:0 --drafter-device cuda:1 --trace runs/a\n  dflash train --config run.toml --set lr=3e-4 --set num_anchors=256\n  dflash train --target-preset realistic --target-devices cuda:0 --drafter-device cuda:0 --trace runs/k --trace-kernels\n  dflash train --resume --run-dir runs/a          # continue from the latest checkpoint\n  dflash pretrain-target --corpus fixtures/corpus/train.txt --out fixtures/tiny-target"
+    after_help = "Examples:\n  dflash train --trace runs/demo                  # embedded default: tiny target + corpus, traced\n  dflash train --target ckpt/Qwen3-8B --data train.jsonl --target-devices cuda:0 --drafter-device cuda:1 --trace runs/a\n  dflash train --config run.toml --set lr=3e-4 --set num_anchors=256\n  dflash train --target-preset realistic --target-devices cuda:0 --drafter-device cuda:0 --trace runs/k --trace-kernels\n  dflash train --resume --run-dir runs/a          # continue from the latest checkpoint\n  dflash prepare-data --target ckpt/Qwen3-8B --data chats.jsonl --out chats.tok\n  dflash pretrain-target --corpus fixtures/corpus/train.txt --out fixtures/tiny-target"
 )]
 pub struct Cli {
     #[command(subcommand)]
@@ -21,6 +21,9 @@ pub enum Command {
     Train(TrainArgs),
     /// Pretrain a small Qwen3 target as a plain next-token language model of a text corpus.
     PretrainTarget(PretrainArgs),
+    /// Tokenize a data file once into a token file that `train --data` reads without tokenizing.
+    #[command(after_help = PREPARE_HELP)]
+    PrepareData(PrepareArgs),
 }
 
 #[derive(Debug, Args)]
@@ -37,9 +40,12 @@ pub struct TrainArgs {
     /// Random-weight target of a named shape instead of a checkpoint: `realistic` or `tiny`.
     #[arg(long, value_name = "NAME")]
     pub target_preset: Option<String>,
-    /// Training data: .jsonl (`input_ids`, optional `loss_mask`) or plain text. Default: the embedded corpus.
+    /// Training data: plain text, JSONL (`input_ids`, `text`, `messages` or `conversations` records) or a token file from `prepare-data`. Default: the embedded corpus.
     #[arg(long, value_name = "FILE")]
     pub data: Option<PathBuf>,
+    /// Tokenizer of text data: a tokenizer.json, or a directory with it and tokenizer_config.json (chat template). Default: the target's tokenizer.json, else bytes.
+    #[arg(long, value_name = "DIR_OR_FILE")]
+    pub tokenizer: Option<PathBuf>,
     /// Optimizer steps (default 150).
     #[arg(long)]
     pub steps: Option<i64>,
@@ -102,6 +108,32 @@ pub struct PretrainArgs {
     /// Model shape preset (default tiny: 6 layers, hidden 128, byte vocabulary).
     #[arg(long, default_value = "tiny")]
     pub preset: String,
+}
+
+const PREPARE_HELP: &str = "\
+Formats, detected per file: plain text; JSONL of {\"text\": ...}, of chats
+({\"messages\": [{\"role\", \"content\"}]} or ShareGPT {\"conversations\": [{\"from\", \"value\"}]},
+rendered with the target's chat template, loss on the assistant's tokens only) or of token
+ids ({\"input_ids\", \"loss_mask\"}). Conversations with no assistant turn are skipped and counted.
+
+Example:
+  dflash prepare-data --target ckpt/Qwen3-8B --data chats.jsonl --out chats.tok
+  dflash train --target ckpt/Qwen3-8B --data chats.tok --target-devices cuda:0 --drafter-device cuda:0";
+
+#[derive(Debug, Args)]
+pub struct PrepareArgs {
+    /// The data file to tokenize (any format `train --data` reads, but a token file).
+    #[arg(long, value_name = "FILE")]
+    pub data: PathBuf,
+    /// The token file to write (atomically: a temporary file, then a rename).
+    #[arg(long, value_name = "FILE")]
+    pub out: PathBuf,
+    /// Target checkpoint directory: its vocabulary size, and its tokenizer.json by default. Default: the embedded tiny target.
+    #[arg(long, value_name = "DIR")]
+    pub target: Option<PathBuf>,
+    /// Tokenizer: a tokenizer.json, or a directory with it and tokenizer_config.json (chat template). Default: the target's tokenizer.json, else bytes.
+    #[arg(long, value_name = "DIR_OR_FILE")]
+    pub tokenizer: Option<PathBuf>,
 }
 
 #[cfg_attr(not(test), allow(dead_code))]

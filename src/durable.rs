@@ -95,6 +95,22 @@ pub fn write_file(path: &Path, bytes: &[u8]) -> io::Result<()> {
     result
 }
 
+/// The temporary sibling a streaming writer of `path` writes into before
+/// [`publish`] (removed by [`clean_leftovers`] if the writer dies).
+pub fn temp_sibling(path: &Path) -> PathBuf {
+    sibling(path, TMP)
+}
+
+/// Puts a finished, synced temporary file in place: rename, then fsync of the
+/// directory.
+pub fn publish(tmp: &Path, path: &Path) -> io::Result<()> {
+    let result = fs::rename(tmp, path).and_then(|()| sync_dir(parent_of(path)));
+    if result.is_err() {
+        let _ = fs::remove_file(tmp);
+    }
+    result
+}
+
 /// Builds directory `dir` with `fill` (which writes into the temporary directory it is
 /// given), syncs it and moves it into place, replacing an existing `dir` atomically.
 /// On an error the temporary directory is removed and an existing `dir` is untouched;

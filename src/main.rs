@@ -1,4 +1,5 @@
 //! `dflash`: parse options, prepare the run, train, report.
+use std::io::ErrorKind;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -9,10 +10,13 @@ use dflash::model::TargetConfig;
 use dflash::run_files;
 use dflash::train::config::{Layer, TrainConfig};
 use dflash::train::pipeline::{self, RunOptions, RunReport, RunStatus, TrainError};
+use dflash::train::prepare;
 use dflash::train::pretrain::{self, PretrainConfig};
+use dflash::train::records::{DataError, Format};
+use dflash::train::tokenizer;
 
 mod cli;
-use cli::{Cli, Command, PretrainArgs, TrainArgs};
+use cli::{Cli, Command, PrepareArgs, PretrainArgs, TrainArgs};
 
 /// An error the user can fix: exit code 2.
 #[derive(Debug)]
@@ -55,6 +59,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Train(args) => train(args),
         Command::PretrainTarget(args) => pretrain_target(args).map(|()| ExitCode::SUCCESS),
+        Command::PrepareData(args) => prepare_data(args).map(|()| ExitCode::SUCCESS),
     }
 }
 
@@ -93,6 +98,9 @@ fn flag_layer(a: &TrainArgs) -> Layer {
     }
     if let Some(d) = &a.data {
         l.set("data", path(d));
+    }
+    if let Some(t) = &a.tokenizer {
+        l.set("tokenizer", path(t));
     }
     if let Some(s) = a.steps {
         l.set("steps", s);
@@ -215,6 +223,46 @@ fn pretrain_target(args: PretrainArgs) -> anyhow::Result<()> {
         "pretrained {}: train loss {first:.3} -> {last:.3}, held-out loss {held:.3} ({:.2} bits/byte)",
         args.out.display(),
         held / std::f64::consts::LN_2
+    );
+    Ok(())
+}
+
+fn prepare_data(args: PrepareArgs) -> anyhow::Result<()> {
+    let target = args.target.unwrap_or_else(pipeline::default_target_dir);
+    let vocab = prepare::target_vocab(&target).map_err(usage)?;
+    let tok = tokenizer::resolve(args.tokenizer.as_deref(), Some(&target), vocab).map_err(usage)?;
+    let t0 = std::time::Instant::now();
+    let p = prepare::prepare(&args.data, &args.out, &tok, vocab).map_err(|e| match &e {
+        // a failed write is the machine's problem, unless the disk is full or the path
+        // cannot be written
+        DataError::Write { source, .. }
+            if !dflash::durable::is_disk_full(source)
+                && !matches!(
+                    source.kind(),
+                    ErrorKind::NotFound | ErrorKind::PermissionDenied
+                ) =>
+        {
+            e.into()
+        }
+        _ => usage(e),
+    })?;
+    for w in &p.warnings {
+        eprintln!("warning: {w}");
+    }
+    let secs = t0.elapsed().as_secs_f64();
+    let how = match p.format {
+        Format::TokenIds => "ids as given".to_string(),
+        _ => format!("tokenized with {}", tok.describe()),
+    };
+    eprintln!(
+        "prepared {}: {} records, {} tokens ({} with a loss weight) of {} ({}, {how}) in {secs:.2} s ({:.0} tokens/s)",
+        args.out.display(),
+        p.records,
+        p.tokens,
+        p.weighted,
+        args.data.display(),
+        p.format.describe(),
+        p.tokens as f64 / secs.max(1e-9)
     );
     Ok(())
 }

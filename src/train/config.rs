@@ -20,9 +20,14 @@ pub struct TrainConfig {
     /// Random-weight target of a named shape instead of a checkpoint ("realistic": the
     /// 28-layer, hidden-1024 shape used for GPU benchmarks).
     pub target_preset: Option<String>,
-    /// Training data: `.jsonl` with `input_ids` (+ optional `loss_mask`) per line, or plain
-    /// text (byte-level tokenizer). Empty: the embedded corpus.
+    /// Training data: plain text, JSONL (`input_ids` + optional `loss_mask`, `text`,
+    /// `messages` or `conversations` per line), or a token file from `dflash
+    /// prepare-data`. Empty: the embedded corpus.
     pub data: Option<PathBuf>,
+    /// Tokenizer of text data: a `tokenizer.json`, or a directory holding one (and
+    /// `tokenizer_config.json` with the chat template). Empty: the target directory's
+    /// `tokenizer.json` if it has one, else the byte-level tokenizer.
+    pub tokenizer: Option<PathBuf>,
     /// Synthetic random-token data of this sequence length instead of a file (benchmarks).
     pub synthetic_seq_len: Option<usize>,
     /// Longest sequence, in tokens; text is cut into sequences of this length.
@@ -93,6 +98,7 @@ impl Default for TrainConfig {
             target: None,
             target_preset: None,
             data: None,
+            tokenizer: None,
             synthetic_seq_len: None,
             seq_len: 256,
             batch_tokens: 2048,
@@ -191,6 +197,7 @@ impl TrainConfig {
             "target",
             "target_preset",
             "data",
+            "tokenizer",
             "synthetic_seq_len",
             "seq_len",
             "batch_tokens",
@@ -371,6 +378,7 @@ mod tests {
             target: Some("x".into()),
             target_preset: Some("p".into()),
             data: Some("d".into()),
+            tokenizer: Some("t".into()),
             synthetic_seq_len: Some(1),
             trace_steps: Some("1..2".into()),
             ..Default::default()

@@ -1,56 +1,26 @@
-//! Training data: JSONL token files or plain text through a byte-level tokenizer, cut into
-//! sequences, held-out split, bucketed into batches under a token budget, and served in a
-//! seeded order that is a pure function of the position (so a resumed run continues at
+//! Training data: a data file (plain text, text / chat / token-id JSONL, see
+//! `records`; or a token file from `dflash prepare-data`, see `token_file`) read into
+//! sequences, held-out split, bucketed into batches under a token budget, and served in
+//! a seeded order that is a pure function of the position (so a resumed run continues at
 //! exactly the batch it stopped at).
-use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
+//!
+//! Records become sequences the same way whichever path they came by (tokenized now, or
+//! read from a token file), so a prepared file trains on exactly the batches its source
+//! would: documents are truncated to `seq_len` (shorter than 2 tokens: dropped); a text
+//! stream is cut into windows of `seq_len` (`seq_len - 1` tokens after the BOS, weight 0;
+//! windows shorter than 8 tokens are dropped).
+use std::path::Path;
 
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use tch::Tensor;
 
-/// The byte-level tokenizer: ids 0..255 are bytes, then four special tokens.
-pub mod bytes {
-    pub const BOS: i64 = 256;
-    pub const EOS: i64 = 257;
-    pub const MASK: i64 = 258;
-    pub const PAD: i64 = 259;
-    pub const VOCAB: i64 = 260;
-
-    pub fn encode(text: &str) -> Vec<i64> {
-        text.bytes().map(i64::from).collect()
-    }
-
-    pub fn decode(ids: &[i64]) -> String {
-        let b: Vec<u8> = ids
-            .iter()
-            .filter(|&&i| (0..256).contains(&i))
-            .map(|&i| i as u8)
-            .collect();
-        String::from_utf8_lossy(&b).into_owned()
-    }
-}
-
-/// A data problem, naming the file and line.
-#[derive(Debug, thiserror::Error)]
-pub enum DataError {
-    #[error(
-        "cannot read data {path}: {source} (pass an existing .jsonl or text file with --data)"
-    )]
-    Read {
-        path: PathBuf,
-        source: std::io::Error,
-    },
-    #[error("{path}:{line}: {message}")]
-    Line {
-        path: PathBuf,
-        line: usize,
-        message: String,
-    },
-    #[error("{path}: {message}")]
-    Invalid { path: PathBuf, message: String },
-}
+pub use super::records::DataError;
+use super::records::{self, Layout, Record};
+use super::token_file::{self, TokenFile};
+pub use super::tokenizer::bytes;
+use super::tokenizer::Tokenizer;
 
 /// One training sequence: token ids and a 0/1 loss mask of the same length.
 #[derive(Debug, Clone, PartialEq)]
@@ -64,112 +34,115 @@ pub struct Sequence {
 pub struct Dataset {
     pub train: Vec<Sequence>,
     pub heldout: Vec<Sequence>,
+    /// One line each, naming the file: records skipped while reading it.
+    pub warnings: Vec<String>,
 }
 
-#[derive(serde::Deserialize)]
-struct JsonlRow {
-    input_ids: Vec<i64>,
-    #[serde(default)]
-    loss_mask: Option<Vec<i64>>,
-}
-
-/// Reads JSONL rows `{"input_ids": [...], "loss_mask": [...]}`; sequences longer than
-/// `seq_len` are truncated.
-pub fn read_jsonl(path: &Path, seq_len: usize, vocab: i64) -> Result<Vec<Sequence>, DataError> {
-    let file = std::fs::File::open(path).map_err(|source| DataError::Read {
-        path: path.into(),
-        source,
-    })?;
-    let mut out = Vec::new();
-    for (i, line) in BufReader::new(file).lines().enumerate() {
-        let line = line.map_err(|source| DataError::Read {
-            path: path.into(),
-            source,
-        })?;
-        if line.trim().is_empty() {
-            continue;
+/// Cuts records into sequences (see the module header).
+pub fn sequences(
+    records: impl Iterator<Item = Record>,
+    layout: Layout,
+    seq_len: usize,
+) -> Vec<Sequence> {
+    let widen = |ids: &[u32], mask: &[u8]| Sequence {
+        ids: ids.iter().map(|&t| i64::from(t)).collect(),
+        mask: mask.iter().map(|&m| i64::from(m)).collect(),
+    };
+    match layout {
+        Layout::Documents => records
+            .filter(|r| r.ids.len() >= 2)
+            .map(|r| {
+                let n = r.ids.len().min(seq_len);
+                widen(&r.ids[..n], &r.mask[..n])
+            })
+            .collect(),
+        Layout::Stream { bos } => {
+            let mut all = Record::default();
+            for r in records {
+                all.ids.extend_from_slice(&r.ids);
+                all.mask.extend_from_slice(&r.mask);
+            }
+            let width = if bos.is_some() { seq_len - 1 } else { seq_len };
+            all.ids
+                .chunks(width)
+                .zip(all.mask.chunks(width))
+                .filter(|(c, _)| c.len() >= 8)
+                .map(|(c, m)| {
+                    let mut s = widen(c, m);
+                    if let Some(b) = bos {
+                        s.ids.insert(0, i64::from(b));
+                        s.mask.insert(0, 0);
+                    }
+                    s
+                })
+                .collect()
         }
-        let at = |message: String| DataError::Line {
-            path: path.into(),
-            line: i + 1,
-            message,
-        };
-        let row: JsonlRow = serde_json::from_str(&line).map_err(|e| at(format!("{e}")))?;
-        let mask = row
-            .loss_mask
-            .unwrap_or_else(|| vec![1; row.input_ids.len()]);
-        if mask.len() != row.input_ids.len() {
-            return Err(at(format!(
-                "loss_mask has {} entries, input_ids {}",
-                mask.len(),
-                row.input_ids.len()
-            )));
-        }
-        if let Some(bad) = row.input_ids.iter().find(|&&t| t < 0 || t >= vocab) {
-            return Err(at(format!(
-                "token id {bad} is outside the target vocabulary 0..{vocab}"
-            )));
-        }
-        if row.input_ids.len() < 2 {
-            continue;
-        }
-        let n = row.input_ids.len().min(seq_len);
-        out.push(Sequence {
-            ids: row.input_ids[..n].to_vec(),
-            mask: mask[..n].iter().map(|&m| (m != 0) as i64).collect(),
-        });
     }
-    Ok(out)
 }
 
 /// Cuts byte-tokenized text into sequences of `seq_len` tokens, each starting with BOS.
 pub fn text_sequences(text: &str, seq_len: usize) -> Vec<Sequence> {
-    let ids = bytes::encode(text);
-    ids.chunks(seq_len - 1)
-        .filter(|c| c.len() >= 8)
-        .map(|c| {
-            let mut s = Vec::with_capacity(c.len() + 1);
-            s.push(bytes::BOS);
-            s.extend_from_slice(c);
-            let mut mask = vec![1; s.len()];
-            mask[0] = 0;
-            Sequence { ids: s, mask }
-        })
-        .collect()
+    let ids: Vec<u32> = text.bytes().map(u32::from).collect();
+    let mask = vec![1; ids.len()];
+    let bos = Some(bytes::BOS as u32);
+    sequences(
+        std::iter::once(Record { ids, mask }),
+        Layout::Stream { bos },
+        seq_len,
+    )
 }
 
-/// Loads `path` (`.jsonl` or text) and holds out the last `heldout_fraction` of it.
+/// [`load_with`] the byte tokenizer (the embedded tiny target's).
 pub fn load(
     path: &Path,
     seq_len: usize,
     vocab: i64,
     heldout_fraction: f64,
 ) -> Result<Dataset, DataError> {
-    let is_jsonl = path
-        .extension()
-        .is_some_and(|e| e == "jsonl" || e == "json");
-    let seqs = if is_jsonl {
-        read_jsonl(path, seq_len, vocab)?
-    } else {
-        if vocab < bytes::VOCAB {
+    load_with(path, &Tokenizer::Bytes, seq_len, vocab, heldout_fraction)
+}
+
+/// Loads `path` (a token file, or any format of `records`, tokenized with `tok`) and
+/// holds out the last `heldout_fraction` of its sequences.
+pub fn load_with(
+    path: &Path,
+    tok: &Tokenizer,
+    seq_len: usize,
+    vocab: i64,
+    heldout_fraction: f64,
+) -> Result<Dataset, DataError> {
+    let read_err = |source| DataError::Read {
+        path: path.into(),
+        source,
+    };
+    let (seqs, warnings) = if token_file::is_token_file(path).map_err(read_err)? {
+        let file = TokenFile::open(path)?;
+        let h = file.header();
+        if h.vocab_size > vocab as u64 {
             return Err(DataError::Invalid {
                 path: path.into(),
                 message: format!(
-                    "plain text uses the byte tokenizer (vocabulary {}), but the target's vocabulary is {vocab}; pass token ids as .jsonl",
-                    bytes::VOCAB
+                    "prepared for a vocabulary of {} ids, more than the target's vocab_size {vocab}: prepare it with the target's tokenizer",
+                    h.vocab_size
                 ),
             });
         }
-        let text = std::fs::read_to_string(path).map_err(|source| DataError::Read {
-            path: path.into(),
-            source,
+        (sequences(file.records(), h.layout, seq_len), Vec::new())
+    } else {
+        let mut recs = Vec::new();
+        let summary = records::read(path, tok, vocab, &mut |r| {
+            recs.push(r);
+            Ok(())
         })?;
-        text_sequences(&text, seq_len)
+        let seqs = sequences(recs.into_iter(), summary.layout, seq_len);
+        (seqs, summary.warnings)
     };
-    split(seqs, heldout_fraction).ok_or_else(|| DataError::Invalid {
+    let mut data = split(seqs, heldout_fraction).ok_or_else(|| DataError::Invalid {
         path: path.into(),
         message: "no usable sequence (need at least 2 tokens per sequence)".into(),
-    })
+    })?;
+    data.warnings = warnings;
+    Ok(data)
 }
 
 /// Uniform random token sequences (for benchmarks at a given length).
@@ -195,6 +168,7 @@ fn split(mut seqs: Vec<Sequence>, heldout_fraction: f64) -> Option<Dataset> {
     Some(Dataset {
         train: seqs,
         heldout,
+        warnings: Vec::new(),
     })
 }
 
@@ -380,14 +354,40 @@ mod tests {
             "{\"input_ids\": [1, 2, 3]}\n{\"input_ids\": [1, 2], \"loss_mask\": [1]}\n",
         )
         .unwrap();
-        let e = read_jsonl(&p, 16, 10).unwrap_err().to_string();
+        let e = load(&p, 16, 10, 0.0).unwrap_err().to_string();
         assert!(
             e.contains("d.jsonl:2") && e.contains("loss_mask has 1"),
             "{e}"
         );
         std::fs::write(&p, "{\"input_ids\": [1, 20]}\n").unwrap();
-        let e = read_jsonl(&p, 16, 10).unwrap_err().to_string();
+        let e = load(&p, 16, 10, 0.0).unwrap_err().to_string();
         assert!(e.contains("token id 20"), "{e}");
+    }
+
+    #[test]
+    fn documents_are_truncated_and_streams_cut_into_windows_after_bos() {
+        let rec = |n: u32| Record {
+            ids: (0..n).collect(),
+            mask: vec![1; n as usize],
+        };
+        let docs = sequences([rec(1), rec(5), rec(30)].into_iter(), Layout::Documents, 16);
+        assert_eq!(docs.len(), 2);
+        assert_eq!((docs[0].ids.len(), docs[1].ids.len()), (5, 16));
+        let stream = sequences(
+            [rec(20), rec(12)].into_iter(),
+            Layout::Stream { bos: Some(99) },
+            16,
+        );
+        // 32 tokens in windows of 15 after the BOS: 15, 15, then 2 (dropped)
+        assert_eq!(stream.len(), 2);
+        assert_eq!(stream[1].ids[..3], [99, 15, 16]);
+        assert_eq!(stream[1].ids[5..8], [19, 0, 1]);
+        assert_eq!(stream[0].mask[..2], [0, 1]);
+        let plain = sequences([rec(20)].into_iter(), Layout::Stream { bos: None }, 10);
+        assert_eq!(
+            plain.iter().map(|s| s.ids.len()).collect::<Vec<_>>(),
+            [10, 10]
+        );
     }
 
     #[test]

@@ -14,6 +14,7 @@ use super::data::DataError;
 use super::memory::MemoryError;
 use super::queue::QueueError;
 use super::run_dir::RunDirError;
+use super::tokenizer::TokenizerError;
 
 /// A device string that names no usable device.
 #[derive(Debug, thiserror::Error)]
@@ -46,6 +47,8 @@ pub enum TrainError {
     TargetWeights(#[source] ModelError),
     #[error("drafter does not fit the target: {0}")]
     DrafterFit(#[source] ModelError),
+    #[error("{0}")]
+    Tokenizer(#[from] TokenizerError),
     #[error("{0}")]
     Data(#[from] DataError),
     #[error("{data}: no position has a loss weight (loss_mask is 0 everywhere, or never 1 on two neighbouring tokens): there is nothing to train on")]

@@ -53,6 +53,9 @@ fn install_signal_handlers() -> Result<Arc<AtomicUsize>, TrainError> {
 /// when a resume has nothing to do, or on the first error of any worker.
 pub fn run(cfg: TrainConfig, opts: &RunOptions) -> Result<RunReport, TrainError> {
     let plan = Plan::new(cfg, opts)?;
+    for w in &plan.data.warnings {
+        eprintln!("warning: {w}");
+    }
     let mode = if opts.resume {
         Mode::Resume
     } else {

@@ -22,6 +22,7 @@ use super::error::{DeviceError, TrainError};
 use super::memory;
 use super::report::{RunOptions, RunReport, RunStatus};
 use super::run_dir;
+use super::tokenizer;
 
 /// Where the embedded default's files live.
 pub fn fixtures_dir() -> PathBuf {
@@ -135,12 +136,13 @@ impl Plan {
             (Some(len), _) => data::synthetic(64, len, target_cfg.vocab_size, cfg.seed),
             (None, path) => {
                 let path = path.clone().unwrap_or_else(default_corpus);
-                data::load(
-                    &path,
-                    cfg.seq_len,
-                    target_cfg.vocab_size,
-                    cfg.heldout_fraction,
-                )?
+                let target_dir = match &source {
+                    TargetSource::Dir(d) => Some(d.as_path()),
+                    TargetSource::Preset(..) => None,
+                };
+                let vocab = target_cfg.vocab_size;
+                let tok = tokenizer::resolve(cfg.tokenizer.as_deref(), target_dir, vocab)?;
+                data::load_with(&path, &tok, cfg.seq_len, vocab, cfg.heldout_fraction)?
             }
         };
         check_loss_weights(&data, &cfg)?;
