@@ -36,6 +36,21 @@ fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
+    // libtorch's out-of-memory errors raised as panics by tch's unchecked calls are caught
+    // around each drafter step and reported in one line (exit 2); the default hook would
+    // print them first, with libtorch's whole backtrace
+    let default_hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let text = info
+            .payload()
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| info.payload().downcast_ref::<&str>().copied())
+            .unwrap_or("");
+        if !text.contains("out of memory") {
+            default_hook(info);
+        }
+    }));
     // libtorch's OpenMP pool spins; with one pool per worker thread on a small CPU it
     // oversubscribes badly. One intra-op thread per worker unless the user says otherwise.
     if std::env::var_os("OMP_NUM_THREADS").is_none() {

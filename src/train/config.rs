@@ -51,10 +51,13 @@ pub struct TrainConfig {
     pub chunk_blocks: i64,
     /// Blocks per attention query group: each group attends only to the context its
     /// anchors reach and to its own blocks, instead of the dense `Q x (S + Q)` mask (0:
-    /// the dense mask, the reference path).
+    /// the dense mask, the default). Off by default: faster on the CPU (embedded default
+    /// 267 vs 406 ms/step), but on the GPU each new key width makes cuDNN build a new
+    /// attention plan and the smaller kernels fill the GPU worse (docs/gpu-results.md).
     pub attn_group_blocks: i64,
-    /// The loss's input gradient computed in its forward chunks (one pass less over the
-    /// fp32 logits, none of them kept for the backward); false: plain autograd.
+    /// The loss's input gradient computed in its forward chunks, no fp32 logits kept for
+    /// the backward; false (the default): autograd's path, whose fused log-softmax kernels
+    /// were faster on the GPU (docs/gpu-results.md).
     pub fused_loss: bool,
     pub drafter_layers: i64,
     /// Target layers tapped; empty: the DFlash formula.
@@ -113,8 +116,8 @@ impl Default for TrainConfig {
             num_anchors: 32,
             gamma: 0.0,
             chunk_blocks: 16,
-            attn_group_blocks: 32,
-            fused_loss: true,
+            attn_group_blocks: 0,
+            fused_loss: false,
             drafter_layers: 2,
             target_layer_ids: Vec::new(),
             sliding_layers: 0,

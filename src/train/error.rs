@@ -73,6 +73,9 @@ pub enum TrainError {
     #[error("{0}")]
     Write(#[from] WriteError),
 
+    #[error("out of device memory at step {step}: {message}; the estimate made before the run is a lower bound: lower num_anchors, block_size, seq_len or batch_tokens")]
+    OutOfMemory { step: i64, message: String },
+
     // Failures during training (exit code 1).
     #[error("training failed: {0}")]
     Queue(#[from] QueueError),
