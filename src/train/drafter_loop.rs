@@ -515,11 +515,9 @@ fn guard_oom<T>(
 /// The first sentence of libtorch's out-of-memory message ("CUDA out of memory. Tried to
 /// allocate 246.00 MiB").
 pub(crate) fn oom_line(text: &str) -> String {
-    let start = text.find("out of memory").map_or(0, |i| {
-        text[..i]
-            .rfind(['"', '('])
-            .map_or(0, |j| j + 1)
-    });
+    let start = text
+        .find("out of memory")
+        .map_or(0, |i| text[..i].rfind(['"', '(']).map_or(0, |j| j + 1));
     let rest = &text[start..];
     let end = rest.match_indices(". ").nth(1).map_or(
         rest.find('\n').unwrap_or(rest.len()).min(rest.len()),
