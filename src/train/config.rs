@@ -51,8 +51,8 @@ pub struct TrainConfig {
     pub chunk_blocks: i64,
     /// Blocks per attention query group: each group attends only to the context its
     /// anchors reach and to its own blocks, instead of the dense `Q x (S + Q)` mask (0:
-    /// the dense mask, the default). Off by default: faster on the CPU (embedded default
-    /// 267 vs 406 ms/step), but on the GPU each new key width makes cuDNN build a new
+    /// the dense mask, the default). Off by default: no faster on the CPU (embedded default
+    /// 144 vs 143 ms/step), and on the GPU each new key width makes cuDNN build a new
     /// attention plan and the smaller kernels fill the GPU worse (docs/gpu-results.md).
     pub attn_group_blocks: i64,
     /// The loss's input gradient computed in its forward chunks, no fp32 logits kept for
