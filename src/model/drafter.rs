@@ -12,7 +12,7 @@ use tch::Tensor;
 
 use super::error::ModelError;
 use super::layers::{attention, merge_heads, split_heads, Linear, Mlp, RmsNorm, Rope};
-use super::objective::{GroupedMask, QueryGroup};
+use super::objective::GroupedMask;
 use super::target_config::TargetConfig;
 
 /// Attention span of a drafter layer.
@@ -233,19 +233,18 @@ impl DrafterLayer {
 /// time over the group's keys (the first `ctx` context keys and its own block keys).
 fn grouped_attention(q: &Tensor, k: &Tensor, v: &Tensor, mask: &GroupedMask) -> Tensor {
     let s = mask.seq_len;
-    let keys = |t: &Tensor, g: &QueryGroup| {
-        if g.ctx == s && g.q0 == 0 && s + g.len == t.size()[2] {
-            t.shallow_clone()
-        } else {
-            Tensor::cat(&[t.narrow(2, 0, g.ctx), t.narrow(2, s + g.q0, g.len)], 2)
-        }
-    };
     let parts: Vec<Tensor> = mask
         .groups
         .iter()
         .map(|(g, m)| {
             let qg = q.narrow(2, g.q0, g.len);
-            attention(&qg, &keys(k, g), &keys(v, g), Some(m), false)
+            attention(
+                &qg,
+                &g.keys_of(k, s, 2),
+                &g.keys_of(v, s, 2),
+                Some(m),
+                false,
+            )
         })
         .collect();
     match parts.as_slice() {

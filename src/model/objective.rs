@@ -142,6 +142,25 @@ pub struct QueryGroup {
     pub ctx: i64,
 }
 
+impl QueryGroup {
+    /// The group's keys along `dim` of `t` (all `S + Q` keys there): the first `ctx`
+    /// context keys and the group's own block keys; `t` itself, uncopied, when the group
+    /// is every key (the dense mask).
+    pub fn keys_of(&self, t: &Tensor, seq_len: i64, dim: i64) -> Tensor {
+        if self.q0 == 0 && self.ctx == seq_len && seq_len + self.len == t.size()[dim as usize] {
+            t.shallow_clone()
+        } else {
+            Tensor::cat(
+                &[
+                    t.narrow(dim, 0, self.ctx),
+                    t.narrow(dim, seq_len + self.q0, self.len),
+                ],
+                dim,
+            )
+        }
+    }
+}
+
 /// Splits the `N` blocks into groups of `group_blocks` and gives each group the context
 /// width its queries need: the largest kept anchor in the group over the batch (a query
 /// sees context keys `kv < anchor`), rounded up so that the group's key count is a
@@ -200,13 +219,7 @@ pub fn group_masks(full: &Tensor, groups: &[QueryGroup], seq_len: i64, kind: Kin
         .iter()
         .map(|g| {
             let rows = full.narrow(2, g.q0, g.len);
-            let allow = Tensor::cat(
-                &[
-                    rows.narrow(3, 0, g.ctx),
-                    rows.narrow(3, seq_len + g.q0, g.len),
-                ],
-                3,
-            );
+            let allow = g.keys_of(&rows, seq_len, 3);
             let add = Tensor::zeros(allow.size(), (kind, allow.device()))
                 .masked_fill(&allow.logical_not(), f64::NEG_INFINITY);
             (*g, add)
