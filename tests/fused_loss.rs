@@ -1,7 +1,7 @@
 //! The fused loss (gradient computed in the forward chunks) against the autograd path:
 //! value, accuracy flags and the gradient reaching the hidden states, on random data with
-//! masked positions, over several chunk sizes; and nothing computed for the gradient
-//! when none is wanted.
+//! masked positions, over several chunk sizes; nothing computed for the gradient when none
+//! is wanted; and bf16 logits against casting them to fp32 first.
 use dflash::model::objective;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -120,4 +120,35 @@ fn without_a_gradient_only_the_value_is_computed() {
     assert!(!out.loss.requires_grad());
     let (want, _, _) = run(&c, false, 2);
     assert!((out.loss.double_value(&[]) - want).abs() < 1e-5);
+}
+
+#[test]
+fn bf16_logits_give_the_loss_and_gradient_of_casting_them_to_fp32_first() {
+    // The chunked loss takes log-softmax of the bf16 logits straight into fp32; the
+    // reference casts the logits first and writes the cross-entropy out by hand.
+    let c = case();
+    let head = c.head.to_kind(Kind::BFloat16);
+    let reference = {
+        let hidden = c.hidden.to_kind(Kind::BFloat16).set_requires_grad(true);
+        let logits = hidden.reshape([-1, H]).matmul(&head.tr()).to_kind(Kind::Float);
+        let lse = logits.logsumexp([-1].as_slice(), false);
+        let picked = logits.gather(1, &c.labels.reshape([-1, 1]), false).squeeze_dim(1);
+        let mw = (&c.m * &c.w).reshape([-1]);
+        let loss = ((lse - picked) * &mw).sum(Kind::Float) / mw.sum(Kind::Float);
+        let g = Tensor::run_backward(&[&loss], &[&hidden], false, false).remove(0);
+        (loss.double_value(&[]), g.to_kind(Kind::Float))
+    };
+    for chunk in [1, 2, N] {
+        let hidden = c.hidden.to_kind(Kind::BFloat16).set_requires_grad(true);
+        let out = objective::weighted_ce_chunked(&hidden, &head, &c.labels, &c.m, &c.w, chunk);
+        assert_eq!(out.loss.kind(), Kind::Float);
+        let g = Tensor::run_backward(&[&out.loss], &[&hidden], false, false).remove(0);
+        assert_eq!(g.kind(), Kind::BFloat16);
+        let got = out.loss.double_value(&[]);
+        assert!((got - reference.0).abs() < 1e-5, "chunk {chunk}: {got} vs {}", reference.0);
+        let d = (g.to_kind(Kind::Float) - &reference.1).abs().max().double_value(&[]);
+        // the gradients are rounded to bf16 on both sides: within a unit in the last place
+        let scale = reference.1.abs().max().double_value(&[]);
+        assert!(d <= scale / 128.0, "chunk {chunk}: gradients differ by {d} (max {scale})");
+    }
 }

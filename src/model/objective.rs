@@ -313,9 +313,14 @@ pub fn weighted_ce_chunked(
         let len = step.min(n - start);
         // (B, len, bs, H) -> (B*len*bs, vocab)
         let hc = hidden.narrow(1, start, len).reshape([-1, h]);
-        let logits = hc.matmul(&lm_head.tr()).to_kind(Kind::Float);
+        // The logits stay in `hidden`'s kind; log-softmax reads them and writes fp32
+        // (on CUDA one kernel converts as it loads, and its backward writes the gradient
+        // in the logits' kind), so no fp32 copy of the logits is made or cast back. The
+        // values are those of casting first: the cast is exact, the sums run in fp32.
+        let logits = hc.matmul(&lm_head.tr());
         let y = labels.narrow(1, start, len).reshape([-1]);
-        let ce = logits.cross_entropy_loss::<Tensor>(&y, None, tch::Reduction::None, -100, 0.0);
+        let logp = logits.log_softmax(-1, Kind::Float);
+        let ce = logp.nll_loss_nd::<Tensor>(&y, None, tch::Reduction::None, -100);
         let part = (ce * mw.narrow(1, start, len).reshape([-1])).sum(Kind::Float);
         total = Some(match total {
             Some(t) => t + part,
