@@ -11,6 +11,12 @@
 //
 // Records are parsed when CUPTI hands back a full buffer (on its own thread, or at a
 // flush) into compact fixed-size entries and names; the caller takes them after a flush.
+//
+// Locks: CUPTI calls the buffer callbacks while it holds locks of its own (a thread that
+// launches a kernel and fills a buffer asks for the next one inside the launch), so no
+// CUPTI function is ever called while `mu`, the lock the callbacks take, is held. Calling
+// cuptiActivityDisable under it deadlocked at the end of a traced window while the target
+// thread was still launching. Start and stop are ordered by `ctl`, which no callback takes.
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <cuda.h>
 #include <cuda_runtime_api.h>
@@ -21,6 +27,8 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <atomic>
+#include <deque>
 #include <mutex>
 #include <string>
 #include <unordered_map>
@@ -87,15 +95,16 @@ struct Cupti {
 };
 
 Cupti cupti;
-std::mutex mu;  // guards everything below
+std::mutex mu;  // guards the records, the name table and the dropped count; no CUPTI call under it
 std::vector<DflashActivity> records;
-std::vector<std::string> names;
+std::deque<std::string> names;  // a deque: the c_str() handed out stays put as names are added
 std::unordered_map<std::string, uint32_t> name_ids;
-size_t buffer_bytes = 8u << 20;
-uint64_t buffers_given = 0;
 uint64_t records_dropped = 0;
+std::atomic<size_t> buffer_bytes{8u << 20};
+std::atomic<uint64_t> buffers_given{0};
+std::atomic<uint64_t (*)()> clock_fn{nullptr};
+std::mutex ctl;  // orders start and stop (and guards `capturing` and `all_apis`); no callback takes it
 bool capturing = false;
-uint64_t (*clock_fn)() = nullptr;
 
 // GPU work, the driver's own overhead and host synchronizations. Runtime and driver API
 // calls are not enabled as whole kinds: libtorch calls cudaGetDevice and friends tens of
@@ -168,6 +177,7 @@ bool load_cupti() {
 }
 
 uint32_t intern(const std::string& s) {
+  std::lock_guard<std::mutex> g(mu);
   auto it = name_ids.find(s);
   if (it != name_ids.end()) return it->second;
   uint32_t id = static_cast<uint32_t>(names.size());
@@ -404,30 +414,30 @@ bool parse(const CUpti_Activity* rec, DflashActivity& out) {
 }
 
 void CUPTIAPI buffer_requested(uint8_t** buffer, size_t* size, size_t* max_records) {
-  size_t bytes;
-  {
-    std::lock_guard<std::mutex> g(mu);
-    bytes = buffer_bytes;
-    ++buffers_given;
-  }
+  size_t bytes = buffer_bytes.load(std::memory_order_relaxed);
+  buffers_given.fetch_add(1, std::memory_order_relaxed);
   *buffer = static_cast<uint8_t*>(std::aligned_alloc(8, bytes));
   *size = *buffer != nullptr ? bytes : 0;
   *max_records = 0;
 }
 
 void CUPTIAPI buffer_completed(CUcontext ctx, uint32_t stream, uint8_t* buffer, size_t, size_t valid) {
-  std::lock_guard<std::mutex> g(mu);
+  // Parsed outside `mu` (names take it one at a time), appended under it.
+  std::vector<DflashActivity> parsed;
   CUpti_Activity* rec = nullptr;
   DflashActivity out;
   while (cupti.next_record(buffer, valid, &rec) == CUPTI_SUCCESS) {
-    if (parse(rec, out)) records.push_back(out);
+    if (parse(rec, out)) parsed.push_back(out);
   }
   size_t dropped = 0;
-  if (cupti.dropped(ctx, stream, &dropped) == CUPTI_SUCCESS) records_dropped += dropped;
+  if (cupti.dropped(ctx, stream, &dropped) != CUPTI_SUCCESS) dropped = 0;
   std::free(buffer);
+  std::lock_guard<std::mutex> g(mu);
+  records.insert(records.end(), parsed.begin(), parsed.end());
+  records_dropped += dropped;
 }
 
-uint64_t CUPTIAPI timestamp() { return clock_fn(); }
+uint64_t CUPTIAPI timestamp() { return clock_fn.load(std::memory_order_relaxed)(); }
 }  // namespace
 
 extern "C" {
@@ -437,11 +447,11 @@ const char* dflash_activity_last_error() { return last_error; }
 // Starts capturing CUDA activity with `clock` as CUPTI's timestamp source and buffers of
 // `buffer_size` bytes. Records collected before are kept until taken.
 int dflash_activity_start(uint64_t (*clock)(), size_t buffer_size) {
-  std::lock_guard<std::mutex> g(mu);
+  std::lock_guard<std::mutex> g(ctl);
   if (capturing) return 0;
   if (!load_cupti()) return -1;
-  clock_fn = clock;
-  if (buffer_size >= (64u << 10)) buffer_bytes = buffer_size;
+  clock_fn.store(clock);
+  if (buffer_size >= (64u << 10)) buffer_bytes.store(buffer_size);
   if (cupti.set_thread_id_type != nullptr) cupti.set_thread_id_type(CUPTI_ACTIVITY_THREAD_ID_TYPE_SYSTEM);
   CUptiResult r = cupti.register_timestamp(timestamp);
   if (r == CUPTI_SUCCESS) r = cupti.register_callbacks(buffer_requested, buffer_completed);
@@ -468,14 +478,12 @@ int dflash_activity_start(uint64_t (*clock)(), size_t buffer_size) {
 
 // Stops capturing and flushes every buffer, so that all records up to now can be taken.
 int dflash_activity_stop() {
-  {
-    std::lock_guard<std::mutex> g(mu);
-    if (!capturing) return 0;
-    for (CUpti_ActivityKind k : kinds) cupti.activity_disable(k);
-    set_apis(false);
-    capturing = false;
-  }
-  // The completion callback takes `mu`; flush without holding it.
+  std::lock_guard<std::mutex> g(ctl);
+  if (!capturing) return 0;
+  for (CUpti_ActivityKind k : kinds) cupti.activity_disable(k);
+  set_apis(false);
+  capturing = false;
+  // The completion callback takes `mu` (not `ctl`), so flushing under `ctl` is safe.
   CUptiResult r = cupti.flush_all(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
   if (r != CUPTI_SUCCESS) {
     set_error("CUPTI flush failed: " + result_text(r));
@@ -515,7 +523,7 @@ const char* dflash_activity_name(uint32_t id) {
 void dflash_activity_counts(uint64_t* dropped, uint64_t* buffers) {
   std::lock_guard<std::mutex> g(mu);
   *dropped = records_dropped;
-  *buffers = buffers_given;
+  *buffers = buffers_given.load();
 }
 
 // CUPTI's id of a stream given by its raw handle, so that records can be matched to the
