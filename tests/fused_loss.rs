@@ -130,9 +130,14 @@ fn bf16_logits_give_the_loss_and_gradient_of_casting_them_to_fp32_first() {
     let head = c.head.to_kind(Kind::BFloat16);
     let reference = {
         let hidden = c.hidden.to_kind(Kind::BFloat16).set_requires_grad(true);
-        let logits = hidden.reshape([-1, H]).matmul(&head.tr()).to_kind(Kind::Float);
+        let logits = hidden
+            .reshape([-1, H])
+            .matmul(&head.tr())
+            .to_kind(Kind::Float);
         let lse = logits.logsumexp([-1].as_slice(), false);
-        let picked = logits.gather(1, &c.labels.reshape([-1, 1]), false).squeeze_dim(1);
+        let picked = logits
+            .gather(1, &c.labels.reshape([-1, 1]), false)
+            .squeeze_dim(1);
         let mw = (&c.m * &c.w).reshape([-1]);
         let loss = ((lse - picked) * &mw).sum(Kind::Float) / mw.sum(Kind::Float);
         let g = Tensor::run_backward(&[&loss], &[&hidden], false, false).remove(0);
@@ -145,10 +150,20 @@ fn bf16_logits_give_the_loss_and_gradient_of_casting_them_to_fp32_first() {
         let g = Tensor::run_backward(&[&out.loss], &[&hidden], false, false).remove(0);
         assert_eq!(g.kind(), Kind::BFloat16);
         let got = out.loss.double_value(&[]);
-        assert!((got - reference.0).abs() < 1e-5, "chunk {chunk}: {got} vs {}", reference.0);
-        let d = (g.to_kind(Kind::Float) - &reference.1).abs().max().double_value(&[]);
+        assert!(
+            (got - reference.0).abs() < 1e-5,
+            "chunk {chunk}: {got} vs {}",
+            reference.0
+        );
+        let d = (g.to_kind(Kind::Float) - &reference.1)
+            .abs()
+            .max()
+            .double_value(&[]);
         // the gradients are rounded to bf16 on both sides: within a unit in the last place
         let scale = reference.1.abs().max().double_value(&[]);
-        assert!(d <= scale / 128.0, "chunk {chunk}: gradients differ by {d} (max {scale})");
+        assert!(
+            d <= scale / 128.0,
+            "chunk {chunk}: gradients differ by {d} (max {scale})"
+        );
     }
 }
