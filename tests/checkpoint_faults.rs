@@ -8,10 +8,12 @@ use std::path::{Path, PathBuf};
 
 use dflash::model::{self, checkpoint as ckpt};
 use dflash::train::checkpoint::{self, RunState};
-use dflash::train::data::{self, bytes, Loader};
+use dflash::train::data::{self, Loader};
 use dflash::train::optim::AdamWConfig;
 use dflash::train::pipeline;
+use dflash::train::plan;
 use dflash::train::step::{Batch, DrafterTrainer, StepConfig};
+use dflash::train::tokenizer::{self, Tokenizer};
 use dflash::{durable, run_files};
 use rand::SeedableRng;
 use tch::{Device, Kind, Tensor};
@@ -22,9 +24,17 @@ struct Setup {
     tcfg: model::Qwen3Config,
 }
 
+/// The embedded target's tokenizer, and the mask and pad ids a run with it uses.
+fn embedded_tokenizer(vocab: i64) -> (Tokenizer, i64, i64) {
+    let tok = tokenizer::resolve(None, Some(&pipeline::default_target_dir()), vocab).unwrap();
+    let (mask, pad) = plan::special_ids(Some(&tok), vocab);
+    (tok, mask, pad)
+}
+
 fn trainer(target: &model::LoadedTarget, seed: i64) -> DrafterTrainer {
     let tcfg = &target.model.cfg;
-    let dcfg = model::DrafterConfig::for_target(tcfg, 2, 8, bytes::MASK);
+    let (_, mask, _) = embedded_tokenizer(tcfg.vocab_size);
+    let dcfg = model::DrafterConfig::for_target(tcfg, 2, 8, mask);
     let d = model::new_drafter(&dcfg, tcfg, Device::Cpu, seed).unwrap();
     let step = StepConfig {
         num_anchors: 8,
@@ -49,11 +59,12 @@ fn trainer(target: &model::LoadedTarget, seed: i64) -> DrafterTrainer {
 fn setup() -> Setup {
     let target =
         model::load_target(&pipeline::default_target_dir(), Device::Cpu, Kind::Float).unwrap();
-    let ds = data::load(&pipeline::default_corpus(), 64, 260, 0.0).unwrap();
-    let mut loader = Loader::new(ds.train, 256, 0, bytes::PAD, 0);
+    let vocab = target.model.cfg.vocab_size;
+    let (tok, mask, pad) = embedded_tokenizer(vocab);
+    let ds = data::load_with(&pipeline::default_corpus(), &tok, 64, vocab, 0.0).unwrap();
+    let mut loader = Loader::new(ds.train, 256, 0, pad, 0);
     let host = loader.next_batch();
-    let taps =
-        model::DrafterConfig::for_target(&target.model.cfg, 2, 8, bytes::MASK).target_layer_ids;
+    let taps = model::DrafterConfig::for_target(&target.model.cfg, 2, 8, mask).target_layer_ids;
     let out = tch::no_grad(|| target.model.forward(&host.input_ids, &taps, false)).unwrap();
     let batch = Batch {
         input_ids: host.input_ids,
