@@ -8,7 +8,7 @@
 //! Cases, each in a child process of its own so its peak RSS (`VmHWM`) is its own:
 //!
 //! - `corpus-bytes`: the bundled corpus (`fixtures/corpus/train.txt`, plain text) with the
-//!   byte tokenizer of the embedded tiny target;
+//!   byte tokenizer;
 //! - `corpus-bpe`: the same with a byte-level BPE of 8192 ids trained on it (in the bench);
 //! - `chat-jsonl`: a JSONL of OpenAI-style conversations built from the corpus's
 //!   paragraphs (1 to 3 exchanges, a system turn in every third), `DFLASH_BENCH_JSONL_MB`

@@ -8,7 +8,7 @@ use clap::{Args, Parser, Subcommand};
     name = "dflash",
     version,
     about = "Train DFlash block-diffusion drafters for speculative decoding, with a built-in trace recorder.",
-    after_help = "Examples:\n  dflash train --trace runs/demo                  # embedded default: tiny target + corpus, traced\n  dflash train --target ckpt/Qwen3-8B --data train.jsonl --target-devices cuda:0 --drafter-device cuda:1 --trace runs/a\n  dflash train --config run.toml --set lr=3e-4 --set num_anchors=256\n  dflash train --target-preset realistic --target-devices cuda:0 --drafter-device cuda:0 --trace runs/k --trace-kernels\n  dflash train --resume --run-dir runs/a          # continue from the latest checkpoint\n  dflash prepare-data --target ckpt/Qwen3-8B --data chats.jsonl --out chats.tok\n  dflash pretrain-target --corpus fixtures/corpus/train.txt --out fixtures/tiny-target"
+    after_help = "Examples:\n  dflash train --trace runs/demo                  # embedded default: tiny target + corpus, traced\n  dflash train --target ckpt/Qwen3-8B --data train.jsonl --target-devices cuda:0 --drafter-device cuda:1 --trace runs/a\n  dflash train --config run.toml --set lr=3e-4 --set num_anchors=256\n  dflash train --target-preset realistic --target-devices cuda:0 --drafter-device cuda:0 --trace runs/k --trace-kernels\n  dflash train --resume --run-dir runs/a          # continue from the latest checkpoint\n  dflash prepare-data --target ckpt/Qwen3-8B --data chats.jsonl --out chats.tok\n  dflash train-tokenizer --corpus fixtures/corpus/train.txt --vocab-size 512 --out tok\n  dflash pretrain-target --corpus fixtures/corpus/train.txt --tokenizer tok --out fixtures/tiny-target-bpe"
 )]
 pub struct Cli {
     #[command(subcommand)]
@@ -21,6 +21,9 @@ pub enum Command {
     Train(TrainArgs),
     /// Pretrain a small Qwen3 target as a plain next-token language model of a text corpus.
     PretrainTarget(PretrainArgs),
+    /// Learn a byte-level BPE tokenizer (tokenizer.json + tokenizer_config.json) from a text corpus.
+    #[command(after_help = TOKENIZER_HELP)]
+    TrainTokenizer(TokenizerArgs),
     /// Tokenize a data file once into a token file that `train --data` reads without tokenizing.
     #[command(after_help = PREPARE_HELP)]
     PrepareData(PrepareArgs),
@@ -84,12 +87,15 @@ pub struct TrainArgs {
 
 #[derive(Debug, Args)]
 pub struct PretrainArgs {
-    /// Plain-text corpus (byte-level tokenizer).
+    /// Plain-text corpus (UTF-8); the model holds out its last 5% of tokens for the held-out loss.
     #[arg(long, value_name = "FILE")]
     pub corpus: PathBuf,
-    /// Output checkpoint directory (written atomically).
+    /// Output checkpoint directory (written atomically: config.json, model.safetensors and the tokenizer's files; anything else in it is replaced).
     #[arg(long, value_name = "DIR")]
     pub out: PathBuf,
+    /// Tokenizer of the corpus: a tokenizer.json, or a directory with it and tokenizer_config.json; the model's vocab_size becomes its size. Default: the byte-level tokenizer (vocabulary 260).
+    #[arg(long, value_name = "DIR_OR_FILE")]
+    pub tokenizer: Option<PathBuf>,
     /// Optimizer steps (default 800).
     #[arg(long, default_value_t = 800)]
     pub steps: i64,
@@ -105,9 +111,35 @@ pub struct PretrainArgs {
     /// Random seed (default 0).
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
-    /// Model shape preset (default tiny: 6 layers, hidden 128, byte vocabulary).
+    /// Model shape preset (default tiny: 6 layers, hidden 128; its vocabulary is the tokenizer's, 260 for bytes).
     #[arg(long, default_value = "tiny")]
     pub preset: String,
+}
+
+const TOKENIZER_HELP: &str = "\
+GPT-2 / Qwen style: the text is split by the GPT-2 pattern and every byte is a symbol, so
+any text encodes. Ids 0-3 are <|bos|>, <|eos|>, <|mask|>, <|pad|> (named in
+tokenizer_config.json), 4-259 the bytes, then the merges. The same corpus and settings
+give the same files, byte for byte.
+
+Example (the tokenizer of fixtures/tiny-target-bpe):
+  dflash train-tokenizer --corpus fixtures/corpus/train.txt --vocab-size 512 --out tok
+  dflash pretrain-target --corpus fixtures/corpus/train.txt --tokenizer tok --out fixtures/tiny-target-bpe";
+
+#[derive(Debug, Args)]
+pub struct TokenizerArgs {
+    /// Plain-text corpus (UTF-8) to learn the merges from.
+    #[arg(long, value_name = "FILE")]
+    pub corpus: PathBuf,
+    /// Vocabulary size: 4 special tokens, 256 bytes, then merges, so at least 261 (default 512). A corpus with too few pairs left gives fewer.
+    #[arg(long, value_name = "N", default_value_t = 512)]
+    pub vocab_size: usize,
+    /// Directory to write tokenizer.json and tokenizer_config.json into, each atomically (created if missing; other files in it are kept).
+    #[arg(long, value_name = "DIR")]
+    pub out: PathBuf,
+    /// Fraction at the end of the corpus left out, cut at a line start: the part `train` and `pretrain-target` hold out for evaluation (default 0.05).
+    #[arg(long, value_name = "F", default_value_t = 0.05)]
+    pub heldout_fraction: f64,
 }
 
 const PREPARE_HELP: &str = "\

@@ -8,15 +8,16 @@ use clap::Parser;
 
 use dflash::model::TargetConfig;
 use dflash::run_files;
+use dflash::train::bpe::{self, BpeError};
 use dflash::train::config::{Layer, TrainConfig};
 use dflash::train::pipeline::{self, RunOptions, RunReport, RunStatus, TrainError};
 use dflash::train::prepare;
 use dflash::train::pretrain::{self, PretrainConfig};
 use dflash::train::records::{DataError, Format};
-use dflash::train::tokenizer;
+use dflash::train::tokenizer::{self, HfTokenizer, Tokenizer};
 
 mod cli;
-use cli::{Cli, Command, PrepareArgs, PretrainArgs, TrainArgs};
+use cli::{Cli, Command, PrepareArgs, PretrainArgs, TokenizerArgs, TrainArgs};
 
 /// An error the user can fix: exit code 2.
 #[derive(Debug)]
@@ -75,6 +76,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Train(args) => train(args),
         Command::PretrainTarget(args) => pretrain_target(args).map(|()| ExitCode::SUCCESS),
         Command::PrepareData(args) => prepare_data(args).map(|()| ExitCode::SUCCESS),
+        Command::TrainTokenizer(args) => train_tokenizer(args).map(|()| ExitCode::SUCCESS),
     }
 }
 
@@ -222,8 +224,15 @@ fn print_report(report: &RunReport, run_dir: &Path) {
 }
 
 fn pretrain_target(args: PretrainArgs) -> anyhow::Result<()> {
-    let model_cfg = TargetConfig::preset(&args.preset)
+    let mut model_cfg = TargetConfig::preset(&args.preset)
         .ok_or_else(|| usage(format!("unknown --preset {:?}: use tiny", args.preset)))?;
+    let tok = match &args.tokenizer {
+        Some(p) => Tokenizer::Hf(Box::new(HfTokenizer::load(p).map_err(usage)?)),
+        None => Tokenizer::Bytes,
+    };
+    if args.tokenizer.is_some() {
+        model_cfg.vocab_size = tok.vocab_size() as i64;
+    }
     let text = pretrain::read_corpus(&args.corpus).map_err(usage)?;
     let cfg = PretrainConfig {
         steps: args.steps,
@@ -232,13 +241,62 @@ fn pretrain_target(args: PretrainArgs) -> anyhow::Result<()> {
         lr: args.lr,
         seed: args.seed,
     };
-    let (first, last, held) = pretrain::pretrain(&text, &model_cfg, &cfg, &args.out, false)
+    let r = pretrain::pretrain(&text, &tok, &model_cfg, &cfg, &args.out, false)
         .context("pretraining the target")?;
     eprintln!(
-        "pretrained {}: train loss {first:.3} -> {last:.3}, held-out loss {held:.3} ({:.2} bits/byte)",
+        "pretrained {}: {} tokens of {} ({}, vocabulary {}), train loss {:.3} -> {:.3}, held-out loss {:.3} nats/token ({:.2} bits/byte)",
         args.out.display(),
-        held / std::f64::consts::LN_2
+        r.tokens,
+        args.corpus.display(),
+        tok.describe(),
+        model_cfg.vocab_size,
+        r.first_loss,
+        r.last_loss,
+        r.heldout_loss,
+        r.heldout_bits_per_byte()
     );
+    Ok(())
+}
+
+fn train_tokenizer(args: TokenizerArgs) -> anyhow::Result<()> {
+    let t0 = std::time::Instant::now();
+    let classify = |e: BpeError| match &e {
+        BpeError::Train(_) => e.into(),
+        // a failed write is the machine's problem, unless the disk is full or the path
+        // cannot be written
+        BpeError::Write { source, .. }
+            if !dflash::durable::is_disk_full(source)
+                && !matches!(
+                    source.kind(),
+                    ErrorKind::NotFound
+                        | ErrorKind::PermissionDenied
+                        | ErrorKind::AlreadyExists
+                        | ErrorKind::NotADirectory
+                        | ErrorKind::ReadOnlyFilesystem
+                ) =>
+        {
+            e.into()
+        }
+        _ => usage(e),
+    };
+    let t =
+        bpe::train_file(&args.corpus, args.vocab_size, args.heldout_fraction).map_err(classify)?;
+    bpe::write(&t, &args.out).map_err(classify)?;
+    eprintln!(
+        "trained {}: byte-level BPE of {} ids ({} merges) from the first {} bytes of {} in {:.1} s",
+        args.out.join("tokenizer.json").display(),
+        t.vocab_size,
+        t.merges,
+        t.trained_bytes,
+        args.corpus.display(),
+        t0.elapsed().as_secs_f64()
+    );
+    if t.vocab_size < args.vocab_size {
+        eprintln!(
+            "warning: the corpus has too few pairs left for --vocab-size {}: the vocabulary has {} ids",
+            args.vocab_size, t.vocab_size
+        );
+    }
     Ok(())
 }
 

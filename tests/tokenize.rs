@@ -10,8 +10,8 @@ use common::{dflash, losses, stderr, train_ok, SMALL};
 use std::path::{Path, PathBuf};
 
 use dflash::train::data::{self, Loader};
-use dflash::train::records;
 use dflash::train::tokenizer::{self, HfTokenizer, Tokenizer};
+use dflash::train::{pipeline, records};
 use serde_json::{json, Value};
 use tokenizers::models::bpe::{BpeTrainerBuilder, BPE};
 use tokenizers::models::wordlevel::WordLevel;
@@ -120,14 +120,18 @@ fn bpe_dir(dir: &Path, template: &str, bos: Option<&str>) -> PathBuf {
     save(dir, &tok, template, bos)
 }
 
-/// A word-level tokenizer of under 260 ids (it fits the embedded tiny target).
-fn word_dir(dir: &Path, template: &str) -> PathBuf {
+/// A word-level tokenizer of under 260 ids (it fits the embedded tiny target), with `fill`
+/// more words (`w0`, `w1`, ...) after its own.
+fn word_dir(dir: &Path, template: &str, fill: i64) -> PathBuf {
     let mut vocab = serde_json::Map::new();
     let words = CORPUS.join(" ");
+    let fill = (0..fill).map(|i| format!("w{i}"));
     let words = ["[UNK]"]
         .into_iter()
         .chain(words.split(|c: char| !c.is_alphanumeric()))
-        .chain(["?", "!", ".", ",", "<", ">", "|"]);
+        .chain(["?", "!", ".", ",", "<", ">", "|"])
+        .map(String::from)
+        .chain(fill);
     for w in words.filter(|w| !w.is_empty()) {
         let n = vocab.len();
         vocab.entry(w.to_string()).or_insert(json!(n));
@@ -439,7 +443,7 @@ fn training_on_a_prepared_file_equals_training_on_its_source() {
         assert!((x - y).abs() <= 1e-5 * x.abs().max(1.0), "{la:?} vs {lb:?}");
     }
     // and a chat file through --tokenizer trains on the tiny target
-    let tok = word_dir(&d.path().join("words"), QWEN25);
+    let tok = word_dir(&d.path().join("words"), QWEN25, 0);
     let data = write(d.path(), "chats.jsonl", &chats(60));
     let c = d.path().join("c");
     train_ok(
@@ -473,13 +477,15 @@ fn bad_input_is_refused_in_one_line_naming_the_file_and_line() {
     let d = tempfile::tempdir().unwrap();
     let p = |s: &Path| s.to_str().unwrap().to_string();
     let run = p(&d.path().join("run"));
-    let big = p(&bpe_dir(&d.path().join("big"), QWEN25, None));
+    let tcfg = dflash::model::read_target_config(&pipeline::default_target_dir()).unwrap();
+    let big = p(&word_dir(&d.path().join("big"), QWEN25, tcfg.vocab_size));
     let raising = "{% for m in messages %}{% if m.role == 'system' %}{{ raise_exception('System role not supported') }}{% endif %}{{ m.content }}{% endfor %}";
-    let strict = p(&word_dir(&d.path().join("strict"), raising));
-    let words = p(&word_dir(&d.path().join("words"), QWEN25));
+    let strict = p(&word_dir(&d.path().join("strict"), raising, 0));
+    let words = p(&word_dir(&d.path().join("words"), QWEN25, 0));
     let broken = p(&word_dir(
         &d.path().join("broken"),
         "{% for m in messages %}",
+        0,
     ));
     let conv = |sys: bool, asst: bool| {
         let mut m = vec![msg("user", "Hello!")];
@@ -507,12 +513,12 @@ fn bad_input_is_refused_in_one_line_naming_the_file_and_line() {
         a.iter().map(|s| s.to_string()).collect::<Vec<_>>()
     };
     let cases: Vec<(Vec<String>, Vec<String>)> = vec![
-        // the tokenizer's ids go past the tiny target's 260
+        // the tokenizer's ids go past the tiny target's vocabulary
         (
             train(&["--tokenizer", &big, "--data", &chat]),
             vec![
                 format!("{big}/tokenizer.json: the tokenizer's ids reach"),
-                "vocab_size is 260".into(),
+                format!("vocab_size is {}", tcfg.vocab_size),
             ],
         ),
         (
@@ -561,7 +567,7 @@ fn bad_input_is_refused_in_one_line_naming_the_file_and_line() {
 #[test]
 fn conversations_without_an_assistant_turn_are_skipped_and_counted() {
     let d = tempfile::tempdir().unwrap();
-    let words = word_dir(&d.path().join("words"), QWEN25);
+    let words = word_dir(&d.path().join("words"), QWEN25, 0);
     let mut rows = chats(5);
     rows.insert(2, json!({"messages": [msg("user", "Hello!")]}));
     rows.push(json!({"messages": [msg("system", "You are terse."), msg("user", "Hello!")]}));

@@ -118,6 +118,16 @@ pub fn random_target(cfg: &TargetConfig, device: Device, kind: Kind, seed: i64) 
 /// whose layout flags are not those of its family cannot be written as a `config.json`
 /// and is refused.
 pub fn save_target(target: &LoadedTarget, dir: &Path) -> Result<(), ModelError> {
+    save_target_with(target, dir, &[])
+}
+
+/// [`save_target`] with more files (name, contents) in the directory, such as the
+/// target's tokenizer.
+pub fn save_target_with(
+    target: &LoadedTarget,
+    dir: &Path,
+    files: &[(String, Vec<u8>)],
+) -> Result<(), ModelError> {
     let mut tensors: Vec<(String, tch::Tensor)> = target.vs.variables().into_iter().collect();
     tensors.sort_by(|a, b| a.0.cmp(&b.0));
     let dtype = match target.vs.kind() {
@@ -137,6 +147,10 @@ pub fn save_target(target: &LoadedTarget, dir: &Path) -> Result<(), ModelError> 
         )));
     }
     checkpoint::write_dir_atomically(dir, |tmp| {
+        for (name, bytes) in files {
+            let path = tmp.join(name);
+            std::fs::write(&path, bytes).map_err(|e| ModelError::io(&path, e))?;
+        }
         checkpoint::write_json(&file, &tmp.join("config.json"))?;
         checkpoint::write_safetensors(&tensors, &tmp.join("model.safetensors"))
     })

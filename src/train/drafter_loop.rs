@@ -439,7 +439,7 @@ fn heldout_batches(plan: &Plan, max: usize) -> Vec<data::HostBatch> {
     seqs.chunks(per)
         .take(max)
         .enumerate()
-        .map(|(i, c)| data::collate(c, plan.pad(), i as u64))
+        .map(|(i, c)| data::collate(c, plan.pad, i as u64))
         .collect()
 }
 

@@ -1,6 +1,7 @@
 //! Training: data, the target workers, the hidden-state queue, the drafter worker, the
 //! optimizer, checkpoints and the run directory. [`pipeline::run`] tells a run's story;
 //! the other rooms each own one part of it.
+pub mod bpe;
 pub mod chat;
 pub mod checkpoint;
 pub mod config;

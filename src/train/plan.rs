@@ -114,6 +114,8 @@ pub(super) struct Plan {
     pub target_devices: Vec<Device>,
     pub drafter_device: Device,
     pub data: Dataset,
+    /// The token that pads a batch's shorter sequences (see [`special_ids`]).
+    pub pad: i64,
     /// The traced step window `[a, b)`.
     pub window: (i64, i64),
 }
@@ -131,18 +133,35 @@ impl Plan {
             .collect::<Result<Vec<_>, _>>()?;
         let drafter_device = parse_device(&cfg.drafter_device)?;
         let (source, target_cfg) = resolve_target(&cfg)?;
-        let drafter_cfg = drafter_config(&cfg, &target_cfg)?;
-        let data = match (cfg.synthetic_seq_len, &cfg.data) {
-            (Some(len), _) => data::synthetic(64, len, target_cfg.vocab_size, cfg.seed),
-            (None, path) => {
-                let path = path.clone().unwrap_or_else(default_corpus);
+        let vocab = target_cfg.vocab_size;
+        // synthetic data is token ids already: no tokenizer
+        let tok = match cfg.synthetic_seq_len {
+            Some(_) => None,
+            None => {
                 let target_dir = match &source {
                     TargetSource::Dir(d) => Some(d.as_path()),
                     TargetSource::Preset(..) => None,
                 };
-                let vocab = target_cfg.vocab_size;
-                let tok = tokenizer::resolve(cfg.tokenizer.as_deref(), target_dir, vocab)?;
-                data::load_with(&path, &tok, cfg.seq_len, vocab, cfg.heldout_fraction)?
+                Some(tokenizer::resolve(
+                    cfg.tokenizer.as_deref(),
+                    target_dir,
+                    vocab,
+                )?)
+            }
+        };
+        let (mask, pad) = special_ids(tok.as_ref(), vocab);
+        let mask = if cfg.mask_token_id >= 0 {
+            cfg.mask_token_id
+        } else {
+            mask
+        };
+        let drafter_cfg = drafter_config(&cfg, &target_cfg, mask)?;
+        let data = match (cfg.synthetic_seq_len, &tok) {
+            (Some(len), _) => data::synthetic(64, len, vocab, cfg.seed),
+            (None, tok) => {
+                let path = cfg.data.clone().unwrap_or_else(default_corpus);
+                let tok = tok.as_ref().expect("resolved for file data");
+                data::load_with(&path, tok, cfg.seq_len, vocab, cfg.heldout_fraction)?
             }
         };
         check_loss_weights(&data, &cfg)?;
@@ -156,14 +175,31 @@ impl Plan {
             target_devices,
             drafter_device,
             data,
+            pad,
             window,
         })
     }
+}
 
-    /// The pad token of the data loader.
-    pub fn pad(&self) -> i64 {
-        bytes::PAD.min(self.target_cfg.vocab_size - 1)
-    }
+/// The mask and pad ids of a run whose data `tok` tokenizes (`None`: synthetic ids) for
+/// a target of `vocab` ids: the tokenizer's `mask_token` / `pad_token`; without them, the
+/// byte tokenizer's ids where the vocabulary is the byte tokenizer's, else the last id
+/// (mask) and the byte tokenizer's PAD or the last id (pad; padding carries no weight).
+pub fn special_ids(tok: Option<&tokenizer::Tokenizer>, vocab: i64) -> (i64, i64) {
+    let mask = tok.and_then(|t| t.mask()).map_or_else(
+        || {
+            if vocab == bytes::VOCAB {
+                bytes::MASK
+            } else {
+                vocab - 1
+            }
+        },
+        i64::from,
+    );
+    let pad = tok
+        .and_then(|t| t.pad())
+        .map_or_else(|| bytes::PAD.min(vocab - 1), i64::from);
+    (mask, pad)
 }
 
 fn resolve_target(cfg: &TrainConfig) -> Result<(TargetSource, TargetConfig), TrainError> {
@@ -188,14 +224,11 @@ fn resolve_target(cfg: &TrainConfig) -> Result<(TargetSource, TargetConfig), Tra
     }
 }
 
-fn drafter_config(cfg: &TrainConfig, target: &TargetConfig) -> Result<DrafterConfig, TrainError> {
-    let mask_id = if cfg.mask_token_id >= 0 {
-        cfg.mask_token_id
-    } else if target.vocab_size == bytes::VOCAB {
-        bytes::MASK
-    } else {
-        target.vocab_size - 1
-    };
+fn drafter_config(
+    cfg: &TrainConfig,
+    target: &TargetConfig,
+    mask_id: i64,
+) -> Result<DrafterConfig, TrainError> {
     let mut d = DrafterConfig::for_target(target, cfg.drafter_layers, cfg.block_size, mask_id);
     if !cfg.target_layer_ids.is_empty() {
         d.target_layer_ids = cfg.target_layer_ids.clone();

@@ -1,6 +1,9 @@
 //! `dflash pretrain-target`: a plain next-token language-model trainer for the small Qwen3
 //! target of the embedded default, so that target is a real language model of the corpus.
-use std::path::Path;
+//! The corpus is tokenized with the given tokenizer (the model's vocabulary is the
+//! tokenizer's), whose files are saved with the model, so the checkpoint carries its
+//! own tokenizer.
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use rand::{Rng, SeedableRng};
@@ -9,8 +12,9 @@ use tch::{Device, Kind, Tensor};
 
 use crate::model::{self, ModelError, TargetConfig};
 
-use super::data::{self, bytes};
+use super::data;
 use super::optim::{lr_at, AdamW, AdamWConfig};
+use super::tokenizer::Tokenizer;
 
 /// Settings of the pretraining run.
 #[derive(Debug, Clone)]
@@ -22,16 +26,47 @@ pub struct PretrainConfig {
     pub seed: u64,
 }
 
-/// Trains `cfg`'s model on the byte-tokenized `text`, saves it (bf16) to `out`, and
-/// returns (first loss, last loss, held-out loss).
+/// What a pretraining run gave (losses in nats per token).
+#[derive(Debug, Clone, Copy)]
+pub struct Pretrained {
+    pub first_loss: f64,
+    pub last_loss: f64,
+    /// Mean loss on 8 batches of the held-out last 5% of the corpus's tokens.
+    pub heldout_loss: f64,
+    /// Held-out tokens per byte of held-out text, to state the held-out loss per byte.
+    pub heldout_tokens_per_byte: f64,
+    pub tokens: usize,
+}
+
+impl Pretrained {
+    pub fn heldout_bits_per_byte(&self) -> f64 {
+        self.heldout_loss / std::f64::consts::LN_2 * self.heldout_tokens_per_byte
+    }
+}
+
+/// Trains `cfg`'s model (its `vocab_size` must cover `tok`'s ids) on `text` tokenized by
+/// `tok`, each window starting with its BOS when it has one, and saves it (bf16) with
+/// `tok`'s files to `out`.
 pub fn pretrain(
     text: &str,
+    tok: &Tokenizer,
     model_cfg: &TargetConfig,
     cfg: &PretrainConfig,
     out: &Path,
     quiet: bool,
-) -> Result<(f64, f64, f64), ModelError> {
-    let ids = bytes::encode(text);
+) -> Result<Pretrained, ModelError> {
+    if tok.vocab_size() as i64 > model_cfg.vocab_size {
+        return Err(ModelError::Config(format!(
+            "{} has {} ids, more than the model's vocab_size {}",
+            tok.describe(),
+            tok.vocab_size(),
+            model_cfg.vocab_size
+        )));
+    }
+    let (ids, starts) = tok
+        .encode_with_offsets(text)
+        .map_err(|e| ModelError::Config(format!("{}: {e}", tok.describe())))?;
+    let ids: Vec<i64> = ids.into_iter().map(i64::from).collect();
     let split = ids.len() * 95 / 100;
     let (train, held) = ids.split_at(split);
     let seq = cfg.seq_len as usize;
@@ -40,6 +75,9 @@ pub fn pretrain(
             "the corpus is too short for seq_len {seq}"
         )));
     }
+    let heldout_tokens_per_byte = held.len() as f64 / (text.len() - starts[split]) as f64;
+    let files = tokenizer_files(tok)?;
+    let bos = tok.bos().map(i64::from);
     let mut target = model::random_target(model_cfg, Device::Cpu, Kind::Float, cfg.seed as i64);
     let mut named: Vec<(String, Tensor)> = target.vs.variables().into_iter().collect();
     named.sort_by(|a, b| a.0.cmp(&b.0));
@@ -58,8 +96,13 @@ pub fn pretrain(
         let mut rows = Vec::with_capacity(cfg.batch as usize * (seq + 1));
         for _ in 0..cfg.batch {
             let at = rng.gen_range(0..src.len() - seq - 1);
-            rows.push(bytes::BOS);
-            rows.extend_from_slice(&src[at..at + seq]);
+            match bos {
+                Some(b) => {
+                    rows.push(b);
+                    rows.extend_from_slice(&src[at..at + seq]);
+                }
+                None => rows.extend_from_slice(&src[at..at + seq + 1]),
+            }
         }
         Tensor::from_slice(&rows).view([cfg.batch, seq as i64 + 1])
     };
@@ -108,8 +151,31 @@ pub fn pretrain(
         Ok(total / 8.0)
     })?;
     target.vs.set_kind(Kind::BFloat16);
-    model::save_target(&target, out)?;
-    Ok((first, last, held_loss))
+    model::save_target_with(&target, out, &files)?;
+    Ok(Pretrained {
+        first_loss: first,
+        last_loss: last,
+        heldout_loss: held_loss,
+        heldout_tokens_per_byte,
+        tokens: ids.len(),
+    })
+}
+
+/// The tokenizer's files (name, contents), read before the output directory is replaced
+/// (it may be the directory they come from).
+fn tokenizer_files(tok: &Tokenizer) -> Result<Vec<(String, Vec<u8>)>, ModelError> {
+    let paths: Vec<(&str, PathBuf)> = match tok {
+        Tokenizer::Bytes => Vec::new(),
+        Tokenizer::Hf(t) => t.files(),
+    };
+    paths
+        .iter()
+        .map(|(name, p)| {
+            std::fs::read(p)
+                .map(|b| (name.to_string(), b))
+                .map_err(|e| ModelError::io(p, e))
+        })
+        .collect()
 }
 
 /// Reads the corpus text for pretraining.

@@ -93,7 +93,7 @@ impl Workers {
             plan.data.train.clone(),
             cfg.batch_tokens,
             cfg.seed,
-            plan.pad(),
+            plan.pad,
             data_position,
         )));
         let queue = Arc::new(HiddenQueue::<Item>::new(

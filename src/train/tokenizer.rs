@@ -1,12 +1,14 @@
 //! The tokenizer that turns text data into the target's token ids: a Hugging Face
 //! `tokenizer.json` (through the `tokenizers` crate) with what its `tokenizer_config.json`
-//! says (the chat template, the special tokens), or the byte-level tokenizer of the
-//! embedded tiny target.
+//! says (the chat template, the special tokens: BOS, and the MASK and PAD ids the drafter
+//! and the data loader use), or the byte-level tokenizer ([`bytes`], for targets that
+//! come without a tokenizer, such as `--target-preset tiny`).
 //!
 //! Which one ([`resolve`]): `--tokenizer DIR_OR_FILE` (a directory holding
 //! `tokenizer.json` and optionally `tokenizer_config.json` / `chat_template.jinja`, or a
 //! `tokenizer.json` file, whose sibling `tokenizer_config.json` is read when present);
-//! else the target checkpoint directory's `tokenizer.json` when it has one; else the byte
+//! else the target checkpoint directory's `tokenizer.json` when it has one (the embedded
+//! tiny target has one: a byte-level BPE made by `dflash train-tokenizer`); else the byte
 //! tokenizer. A tokenizer whose ids reach past the target's `vocab_size` is refused: it
 //! is not the target's.
 use std::collections::BTreeMap;
@@ -63,6 +65,10 @@ pub struct HfTokenizer {
     /// One past the largest id.
     vocab: usize,
     bos: Option<u32>,
+    /// `mask_token`'s id, when the configuration names one.
+    mask: Option<u32>,
+    /// `pad_token`'s id, when the configuration names one in the vocabulary.
+    pad: Option<u32>,
     chat: Option<ChatTemplate>,
 }
 
@@ -150,15 +156,25 @@ impl HfTokenizer {
                 .filter_map(|k| Some((k.to_string(), special(&cfg, k)?)))
                 .collect();
         let add_bos = cfg.get("add_bos_token").and_then(Json::as_bool) != Some(false);
-        let bos = match specials.get("bos_token").filter(|_| add_bos) {
-            Some(t) => Some(inner.token_to_id(t).ok_or_else(|| {
+        let id_of = |key: &str, t: &str| {
+            inner.token_to_id(t).ok_or_else(|| {
                 err(
                     &cfg_path,
-                    format!("bos_token {t:?} is not in the tokenizer's vocabulary"),
+                    format!("{key} {t:?} is not in the tokenizer's vocabulary"),
                 )
-            })?),
+            })
+        };
+        let bos = match specials.get("bos_token").filter(|_| add_bos) {
+            Some(t) => Some(id_of("bos_token", t)?),
             None => None,
         };
+        let mask = special(&cfg, "mask_token")
+            .map(|t| id_of("mask_token", &t))
+            .transpose()?;
+        // padding carries no loss weight and sits after every real token, so a pad_token
+        // missing from the vocabulary (some configurations name one the model lacks)
+        // only means the default pad id is used
+        let pad = specials.get("pad_token").and_then(|t| inner.token_to_id(t));
         let chat = template_source(&dir, &cfg, &cfg_path)?
             .map(|src| ChatTemplate::new(&src, specials))
             .transpose()
@@ -168,8 +184,24 @@ impl HfTokenizer {
             inner,
             vocab,
             bos,
+            mask,
+            pad,
             chat,
         })
+    }
+
+    /// The files it was read from, each with its name in a checkpoint directory:
+    /// `tokenizer.json`, and the `tokenizer_config.json` and `chat_template.jinja` beside
+    /// it where they exist.
+    pub fn files(&self) -> Vec<(&'static str, PathBuf)> {
+        let dir = self.path.parent().unwrap_or(Path::new("."));
+        let siblings = ["tokenizer_config.json", "chat_template.jinja"]
+            .into_iter()
+            .map(|name| (name, dir.join(name)))
+            .filter(|(_, p)| p.is_file());
+        std::iter::once(("tokenizer.json", self.path.clone()))
+            .chain(siblings)
+            .collect()
     }
 }
 
@@ -187,6 +219,26 @@ impl Tokenizer {
         match self {
             Tokenizer::Bytes => Some(bytes::BOS as u32),
             Tokenizer::Hf(t) => t.bos,
+        }
+    }
+
+    /// The drafter's noise token as the configuration names it (`mask_token`). The byte
+    /// tokenizer names none: its MASK is picked by the vocabulary's size, as for a
+    /// tokenizer without one (`plan::special_ids`).
+    pub fn mask(&self) -> Option<u32> {
+        match self {
+            Tokenizer::Bytes => None,
+            Tokenizer::Hf(t) => t.mask,
+        }
+    }
+
+    /// The token that pads a batch's shorter sequences as the configuration names it
+    /// (`pad_token`, if the vocabulary has it); the byte tokenizer names none, as for
+    /// [`Tokenizer::mask`].
+    pub fn pad(&self) -> Option<u32> {
+        match self {
+            Tokenizer::Bytes => None,
+            Tokenizer::Hf(t) => t.pad,
         }
     }
 
@@ -288,6 +340,33 @@ mod tests {
         let m = mask_from_spans(&starts, &[3..9, 12..13]);
         assert_eq!(m, [0, 0, 1, 1, 0, 1, 0]);
         assert_eq!(mask_from_spans(&starts, &[]), [0; 7]);
+    }
+
+    #[test]
+    fn the_configuration_names_the_bos_mask_and_pad_ids() {
+        let d = tempfile::tempdir().unwrap();
+        let t = super::super::bpe::train("def f(x):\n    return x\n", 270).unwrap();
+        super::super::bpe::write(&t, d.path()).unwrap();
+        let tok = resolve(None, Some(d.path()), 270).unwrap();
+        assert_eq!(
+            (tok.bos(), tok.mask(), tok.pad()),
+            (Some(0), Some(2), Some(3))
+        );
+        assert_eq!(
+            (Tokenizer::Bytes.mask(), Tokenizer::Bytes.pad()),
+            (None, None)
+        );
+        // a mask_token the vocabulary lacks is refused; a missing pad_token is no pad id
+        let cfg = d.path().join("tokenizer_config.json");
+        let text = std::fs::read_to_string(&cfg).unwrap();
+        std::fs::write(&cfg, text.replace("<|pad|>", "<pad>")).unwrap();
+        assert_eq!(resolve(None, Some(d.path()), 270).unwrap().pad(), None);
+        std::fs::write(&cfg, text.replace("<|mask|>", "<mask>")).unwrap();
+        let e = resolve(None, Some(d.path()), 270).unwrap_err().to_string();
+        assert!(
+            e.contains(r#"mask_token "<mask>" is not in the tokenizer's vocabulary"#),
+            "{e}"
+        );
     }
 
     #[test]
