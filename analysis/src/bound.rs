@@ -284,6 +284,7 @@ pub fn pipeline(b: &Breakdown, out: &mut Vec<Finding>) {
             .min(1.0)
     };
     let (gpu, cpu) = (of_side(Clock::Gpu), of_side(Clock::Cpu));
+    let has_gpu = b.sections.iter().any(|s| s.kind == Clock::Gpu);
     let why = format!(
         "the {side} is on the critical path (the drafter waits on the queue {} of the step, the target on a full queue {})",
         pct(get),
@@ -304,12 +305,17 @@ pub fn pipeline(b: &Breakdown, out: &mut Vec<Finding>) {
             ),
         )
     } else if cpu > 0.0 {
+        // A run without GPU timing (a CPU run) has no GPU share to speak of.
+        let gpu_part = if has_gpu {
+            format!("its GPU sections take {} of the step, ", pct(gpu))
+        } else {
+            String::new()
+        };
         (
             "host_bound",
             cpu,
             format!(
-                "host-bound on the {side} side: {why}; its GPU sections take {} of the step, its CPU sections {}{idle}",
-                pct(gpu),
+                "host-bound on the {side} side: {why}; {gpu_part}its CPU sections {}{idle}",
                 pct(cpu)
             ),
         )

@@ -6,7 +6,8 @@
 
 /// A share of step time as the findings write it: `0.234` -> `23%`.
 pub(crate) fn pct(x: f64) -> String {
-    format!("{:.0}%", x * 100.0)
+    // `+ 0.0` turns the -0.0 of an empty float sum into 0 (it printed "-0%").
+    format!("{:.0}%", x * 100.0 + 0.0)
 }
 
 // The general findings.
@@ -48,3 +49,18 @@ pub const KERNELS_PER_SYNC: f64 = 10.0;
 /// The GPU idle this share of the step or more, with no other bound standing out: the
 /// host bounds the step.
 pub const HOST_BOUND_IDLE: f64 = 0.2;
+
+#[cfg(test)]
+mod tests {
+    use super::pct;
+
+    #[test]
+    fn an_empty_share_prints_as_zero_percent_not_minus_zero() {
+        // An empty f64 sum is -0.0; it printed as "-0%" in a finding.
+        let empty: f64 = std::iter::empty::<f64>().sum();
+        assert_eq!(pct(empty), "0%");
+        assert_eq!(pct(-0.0), "0%");
+        assert_eq!(pct(0.256), "26%");
+        assert_eq!(pct(1.0), "100%");
+    }
+}
