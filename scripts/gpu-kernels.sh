@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # Kernel-level traces on the GPU host (release build, realistic configuration of
 # scripts/gpu-run.sh): a traced run with --trace-kernels (and its raw capture), a small
-# one for the test fixture, the PyTorch peer compiled, unprofiled and profiled (its step
+# one for the test fixture, the PyTorch peer eager and compiled, unprofiled and profiled (its step
 # time under the profiler comes from its trace), and interleaved overhead pairs
 # (untraced vs --trace --trace-kernels), in the same call.
 #
 #   scripts/gpu-kernels.sh [BIN] [OUT_DIR] [PEER]   (defaults: target/release/dflash, gpu-runs, none)
 #
 # Environment: PHASES (default "capture peer pairs"), PAIRS (default 3), DEADLINE (seconds
-# from the start after which no further run is begun; default none). Every result a
+# from the start after which no further run is begun; default none), RUN_TIMEOUT (seconds
+# one training may take before its threads' kernel wait channels and stacks are written
+# to NAME.hang.txt and it is killed; default 120). Every result a
 # caller needs is also copied flat into OUT_DIR (NAME.summary.json, NAME.trace.json.gz,
 # peer-*.json.gz), so that a copy of OUT_DIR without its subdirectories is enough.
 set -uo pipefail
@@ -18,6 +20,7 @@ peer="${3:-}"
 pairs="${PAIRS:-3}"
 phases="${PHASES:-capture peer pairs}"
 deadline="${DEADLINE:-0}"
+run_timeout="${RUN_TIMEOUT:-120}"
 source "$(dirname "${BASH_SOURCE[0]}")/gpu-common.sh"
 common+=(--set summary_every=5)
 start=$SECONDS
@@ -31,8 +34,28 @@ run() {
   in_time "$name" || return 1
   echo "== $name (t=$((SECONDS - start))s): $*"
   local t0=$SECONDS
-  "$bin" train "${common[@]}" "$@" 2>&1 | tee "$out/$name.log"
-  echo "== $name took $((SECONDS - t0))s"
+  "$bin" train "${common[@]}" "$@" > "$out/$name.log" 2>&1 &
+  local pid=$!
+  while kill -0 "$pid" 2>/dev/null && ((SECONDS - t0 < run_timeout)); do sleep 1; done
+  if kill -0 "$pid" 2>/dev/null; then
+    # a hang: say where each thread waits before killing it
+    {
+      echo "$name: still running after ${run_timeout}s"
+      for t in /proc/"$pid"/task/*; do
+        echo "$(basename "$t") $(cat "$t/comm") wchan=$(cat "$t/wchan" 2>/dev/null) state=$(awk '{print $3}' "$t/stat")"
+      done
+      if command -v gdb >/dev/null; then
+        timeout 60 gdb -p "$pid" -batch -ex "thread apply all bt 30" 2>&1
+      elif command -v eu-stack >/dev/null; then
+        timeout 60 eu-stack -p "$pid" 2>&1
+      fi
+    } > "$out/$name.hang.txt" 2>&1
+    kill -9 "$pid"
+    echo "== $name HUNG after ${run_timeout}s (stacks: $out/$name.hang.txt)"
+  fi
+  wait "$pid"
+  echo "== $name took $((SECONDS - t0))s (exit $?)"
+  tail -4 "$out/$name.log"
   [[ -f "$out/$name/summary.json" ]] && cp "$out/$name/summary.json" "$out/$name.summary.json"
   return 0
 }
@@ -49,6 +72,7 @@ fi
 if has peer && [[ -n "$peer" ]] && in_time peer; then
   # unprofiled step time first (printed), then a profiled trace of 10 steps (Kineto)
   t0=$SECONDS
+  timeout 120 "$py" "$peer" "$out/peer-eager" --steps 20 2>&1 | tail -1 | tee "$out/peer-eager.txt"
   timeout 300 "$py" "$peer" "$out/peer-compiled" --compile --profile --steps 30 --active 10 2>&1 | tail -3 | tee "$out/peer-compiled.txt"
   echo "== peer took $((SECONDS - t0))s"
   for f in "$out"/peer-compiled/*.json.gz; do [[ -f "$f" ]] && cp "$f" "$out/peer-$(basename "$f")"; done
