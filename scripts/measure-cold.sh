@@ -18,10 +18,22 @@ export CARGO_HOME="$work/cargo-home" PIP_CACHE_DIR="$work/pip-cache"
 mkdir -p "$CARGO_HOME"
 cd "$work/clone"
 t0=$SECONDS
-bash scripts/run-default.sh "$work/run" 2>&1 | tee "$work/main-command.log"
+DFLASH_BUILD_ARGS=--timings bash scripts/run-default.sh "$work/run" 2>&1 | tee "$work/main-command.log"
 echo "main command: $((SECONDS - t0)) s (cold: fresh clone, empty cargo registry, no pip cache)"
-# per-crate build times of the main command's build, for the record
-if [[ -d target/cargo-timings ]]; then ls target/cargo-timings; fi
+# Per-crate build times of the main command's build (cargo's --timings report). The build
+# keeps every core busy, so its wall time is about the summed crate times over the cores.
+report="$(ls target/cargo-timings/cargo-timing-*.html 2>/dev/null | head -1)"
+if [[ -n "$report" ]]; then
+  python3 - "$report" <<'PY'
+import json, re, sys
+html = open(sys.argv[1]).read()
+units = json.loads(re.search(r"const UNIT_DATA = (\[.*?\]);\n", html, re.S).group(1))
+print(f"build: crate compile times summed {sum(u['duration'] for u in units):.0f} s; the longest:")
+for u in sorted(units, key=lambda u: -u["duration"])[:10]:
+    print(f"  {u['duration']:6.1f} s  {u['name']} {u.get('target', '').strip()}")
+print(f"report: {sys.argv[1]}")
+PY
+fi
 if (( ci )); then
   rm -rf "$work/clone2" && git clone -q "$root" "$work/clone2" && cd "$work/clone2"
   rm -rf "$CARGO_HOME/registry" "$PIP_CACHE_DIR"

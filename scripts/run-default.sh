@@ -10,6 +10,8 @@
 #   DFLASH_PROFILE      cargo profile to build with (default release; the test suite
 #                       passes dev, which reuses the binaries `cargo test` built)
 #   DFLASH_TRAIN_ARGS   extra arguments for `dflash train` (the test suite shortens the run)
+#   DFLASH_BUILD_ARGS   extra arguments for `cargo build` (scripts/measure-cold.sh passes
+#                       --timings to record each crate's build time)
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
@@ -30,7 +32,8 @@ t_setup=$SECONDS
 step "build: ${bins[*]} ($profile)"
 packages=()
 for b in "${bins[@]}"; do packages+=(-p "$b"); done
-cargo build --locked --profile "$profile" "${packages[@]}" --bins
+# shellcheck disable=SC2086 # DFLASH_BUILD_ARGS is a list of words
+cargo build --locked --profile "$profile" "${packages[@]}" --bins ${DFLASH_BUILD_ARGS:-}
 out_dir="${CARGO_TARGET_DIR:-$root/target}/$([[ "$profile" == dev ]] && echo debug || echo "$profile")"
 t_build=$SECONDS
 
