@@ -92,7 +92,7 @@ pub fn text_sequences(text: &str, seq_len: usize) -> Vec<Sequence> {
     )
 }
 
-/// [`load_with`] the byte tokenizer.
+/// [`load_with`] the byte tokenizer (the embedded tiny target's).
 pub fn load(
     path: &Path,
     seq_len: usize,
