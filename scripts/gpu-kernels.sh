@@ -19,54 +19,16 @@ out="${2:-gpu-runs}"
 peer="${3:-}"
 pairs="${PAIRS:-3}"
 phases="${PHASES:-capture peer pairs}"
-deadline="${DEADLINE:-0}"
-run_timeout="${RUN_TIMEOUT:-120}"
 source "$(dirname "${BASH_SOURCE[0]}")/gpu-common.sh"
 common+=(--set summary_every=5)
-start=$SECONDS
-in_time() {
-  if [[ "$deadline" -gt 0 && $((SECONDS - start)) -ge "$deadline" ]]; then
-    echo "== skipped $1: ${deadline}s deadline reached"; return 1
-  fi
-}
-run() {
-  local name="$1"; shift
-  in_time "$name" || return 1
-  echo "== $name (t=$((SECONDS - start))s): $*"
-  local t0=$SECONDS
-  "$bin" train "${common[@]}" "$@" > "$out/$name.log" 2>&1 &
-  local pid=$!
-  while kill -0 "$pid" 2>/dev/null && ((SECONDS - t0 < run_timeout)); do sleep 1; done
-  if kill -0 "$pid" 2>/dev/null; then
-    # a hang: say where each thread waits before killing it
-    {
-      echo "$name: still running after ${run_timeout}s"
-      for t in /proc/"$pid"/task/*; do
-        echo "$(basename "$t") $(cat "$t/comm") wchan=$(cat "$t/wchan" 2>/dev/null) state=$(awk '{print $3}' "$t/stat")"
-      done
-      if command -v gdb >/dev/null; then
-        timeout 60 gdb -p "$pid" -batch -ex "thread apply all bt 30" 2>&1
-      elif command -v eu-stack >/dev/null; then
-        timeout 60 eu-stack -p "$pid" 2>&1
-      fi
-    } > "$out/$name.hang.txt" 2>&1
-    kill -9 "$pid"
-    echo "== $name HUNG after ${run_timeout}s (stacks: $out/$name.hang.txt)"
-  fi
-  wait "$pid"
-  echo "== $name took $((SECONDS - t0))s (exit $?)"
-  tail -4 "$out/$name.log"
-  [[ -f "$out/$name/summary.json" ]] && cp "$out/$name/summary.json" "$out/$name.summary.json"
-  return 0
-}
 has() { [[ " $phases " == *" $1 "* ]]; }
 
 if has capture; then
   DFLASH_KERNEL_DUMP="$out/fixture-capture.json.gz" \
-    run fixture --steps 12 --trace "$out/fixture" --trace-steps 8..11 --trace-kernels --trace-gzip \
+    train_run fixture --steps 12 --trace "$out/fixture" --trace-steps 8..11 --trace-kernels --trace-gzip \
     && cp "$out/fixture/trace.json.gz" "$out/fixture.trace.json.gz"
   DFLASH_KERNEL_DUMP="$out/kernels-capture.json.gz" \
-    run kernels --steps 40 --trace "$out/kernels" --trace-steps 20..30 --trace-kernels --trace-gzip \
+    train_run kernels --steps 40 --trace "$out/kernels" --trace-steps 20..30 --trace-kernels --trace-gzip \
     && cp "$out/kernels/trace.json.gz" "$out/kernels.trace.json.gz"
 fi
 if has peer && [[ -n "$peer" ]] && in_time peer; then
@@ -79,8 +41,8 @@ if has peer && [[ -n "$peer" ]] && in_time peer; then
 fi
 if has pairs; then
   for i in $(seq 1 "$pairs"); do
-    run "ovh-notrace-$i" --steps 60 --run-dir "$out/ovh-notrace-$i" || break
-    run "ovh-kernels-$i" --steps 60 --trace "$out/ovh-kernels-$i" --trace-steps 10..60 --trace-kernels --trace-gzip || break
+    train_run "ovh-notrace-$i" --steps 60 --run-dir "$out/ovh-notrace-$i" || break
+    train_run "ovh-kernels-$i" --steps 60 --trace "$out/ovh-kernels-$i" --trace-steps 10..60 --trace-kernels --trace-gzip || break
   done
   for i in $(seq 1 "$pairs"); do
     for r in "$out"/ovh-notrace-$i "$out"/ovh-kernels-$i; do

@@ -167,3 +167,93 @@ fn bf16_logits_give_the_loss_and_gradient_of_casting_them_to_fp32_first() {
         );
     }
 }
+
+/// The fp32 reference of a bf16 run: logits of the bf16 inputs cast to fp32, the
+/// cross-entropy written out by hand, and its gradient with respect to the (bf16) hidden
+/// states, in fp32.
+fn fp32_reference(c: &Case, hidden: &Tensor, head: &Tensor) -> (f64, Tensor) {
+    let hidden = hidden.to_kind(Kind::Float).set_requires_grad(true);
+    let logits = hidden
+        .reshape([-1, H])
+        .matmul(&head.to_kind(Kind::Float).tr());
+    let lse = logits.logsumexp([-1].as_slice(), false);
+    let picked = logits
+        .gather(1, &c.labels.reshape([-1, 1]), false)
+        .squeeze_dim(1);
+    let mw = (&c.m * &c.w).reshape([-1]);
+    let loss = ((lse - picked) * &mw).sum(Kind::Float) / mw.sum(Kind::Float);
+    let g = Tensor::run_backward(&[&loss], &[&hidden], false, false).remove(0);
+    (loss.double_value(&[]), g)
+}
+
+#[test]
+fn bf16_fused_loss_matches_the_fp32_reference_to_bf16_precision() {
+    let c = case();
+    let hidden0 = c.hidden.to_kind(Kind::BFloat16);
+    let head = c.head.to_kind(Kind::BFloat16);
+    let (want, want_grad) = fp32_reference(&c, &hidden0, &head);
+    for chunk in [1, 2, N] {
+        let hidden = hidden0.copy().set_requires_grad(true);
+        let out = objective::weighted_ce_fused(&hidden, &head, &c.labels, &c.m, &c.w, chunk);
+        assert_eq!(out.loss.kind(), Kind::Float);
+        let g = Tensor::run_backward(&[&out.loss], &[&hidden], false, false).remove(0);
+        assert_eq!(g.kind(), Kind::BFloat16);
+        let got = out.loss.double_value(&[]);
+        // each token's loss is right to bf16's relative precision of its probability
+        assert!(
+            (got - want).abs() < 4e-3 * want.abs().max(1.0),
+            "chunk {chunk}: {got} vs {want}"
+        );
+        // the gradient's entries to a few bf16 units of the largest
+        let d = (g.to_kind(Kind::Float) - &want_grad)
+            .abs()
+            .max()
+            .double_value(&[]);
+        let scale = want_grad.abs().max().double_value(&[]);
+        assert!(
+            d <= scale / 64.0,
+            "chunk {chunk}: gradients differ by {d} (max {scale})"
+        );
+    }
+}
+
+#[test]
+fn a_confident_token_keeps_its_small_loss_and_gradient_in_bf16() {
+    // One token whose label has probability 1 - 3e-4: in bf16 that probability rounds to
+    // 1, so `softmax - onehot` computed from it would give the token no gradient and no
+    // loss. The fused loss takes the label's entry from the other probabilities instead.
+    let v = 64;
+    let mut logits = vec![0f32; v as usize];
+    logits[7] = 12.0; // p_7 = e^12 / (e^12 + 63) = 1 - 3.9e-4
+    let head = Tensor::eye(v, (Kind::BFloat16, Device::Cpu));
+    let hidden = Tensor::from_slice(&logits)
+        .view([1, 1, v])
+        .to_kind(Kind::BFloat16)
+        .set_requires_grad(true);
+    let labels = Tensor::from_slice(&[7i64]).view([1, 1, 1]);
+    let m = Tensor::from_slice(&[1.0f32]).view([1, 1, 1]);
+    let w = Tensor::from_slice(&[1.0f32]);
+    let out = objective::weighted_ce_fused(&hidden, &head, &labels, &m, &w, 1);
+    let g = Tensor::run_backward(&[&out.loss], &[&hidden], false, false).remove(0);
+    let rest = 63.0 / (12f64.exp() + 63.0);
+    let want_loss = -(1.0 - rest).ln();
+    let got_loss = out.loss.double_value(&[]);
+    assert!(
+        (got_loss - want_loss).abs() < 0.01 * want_loss,
+        "{got_loss} vs {want_loss}"
+    );
+    // identity head: d loss / d h = softmax - onehot; the label's entry is -rest
+    let got: Vec<f32> = Vec::try_from(g.to_kind(Kind::Float).reshape([-1])).unwrap();
+    assert!(
+        (got[7] as f64 + rest).abs() < 0.01 * rest,
+        "label entry {} vs {}",
+        got[7],
+        -rest
+    );
+    let other = 1.0 / (12f64.exp() + 63.0);
+    assert!(
+        (got[0] as f64 - other).abs() < 0.01 * other,
+        "{} vs {other}",
+        got[0]
+    );
+}

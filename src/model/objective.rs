@@ -338,17 +338,29 @@ pub fn weighted_ce_chunked(
 }
 
 /// The loss of [`weighted_ce_chunked`] with its gradient computed chunk by chunk in the
-/// forward pass: per chunk, the logits (in `hidden`'s kind, as there), their fp32 log-sum-
-/// exp, the loss terms, then in place `softmax - onehot` scaled by each token's weight
-/// `m * w / sum(m * w)`, and the input gradient `grad_logits @ lm_head`. The fp32 logits
-/// live one chunk at a time and autograd keeps nothing of them; the returned loss carries
-/// the gradient as `value + <hidden, g> - stop_gradient(<hidden, g>)`, so the backward pass
-/// of the whole loss costs one scale of `g`.
+/// forward pass, in the logits' kind (bf16 on the GPU), reading the logits once:
 ///
-/// Why: the chunked autograd path keeps each chunk's fp32 log-softmax for the backward
-/// and then writes a zero-filled gradient, scatters into it and runs log-softmax's
-/// backward over the same `[tokens, vocab]` block (the figures on the GPU are in
-/// docs/gpu-results.md). The lm_head is frozen: no gradient reaches it here.
+/// 1. `p = softmax(logits)` in the logits' kind (the sums run in fp32 inside the kernel;
+///    this is the gradient's precision on every entry but the label's), and
+///    `correct = argmax(p) == y` (softmax is monotonic);
+/// 2. the label's entry: `p_y` is gathered, then zeroed, and `s = sum_j p_j` over the rest
+///    in fp32 (one read). The label's gradient is `p_y - 1 = -s`, exact where `p_y` is
+///    near 1 (where `p_y` rounded to bf16 would cancel to 0), and the token's loss is
+///    `-log1p(-s)` there and `-log(p_y)` where `p_y <= 1/2` (both to bf16's relative
+///    precision);
+/// 3. `p[y] = -s`, and the input gradient `(p @ lm_head) * m * w / sum(m * w)`.
+///
+/// Nothing of the `[tokens, vocab]` block outlives its chunk; the returned loss carries
+/// the gradient as `value + <hidden, g> - stop_gradient(<hidden, g>)`, so the backward
+/// pass of the whole loss costs one scale of `g`. The lm_head is frozen: no gradient
+/// reaches it here.
+///
+/// Why: the autograd path ([`weighted_ce_chunked`]) converts the bf16 logits to fp32
+/// (ATen's log-softmax converts on load for fp16 only), keeps each chunk's fp32
+/// log-softmax for the backward, then writes a zero-filled fp32 gradient, scatters into
+/// it, runs log-softmax's backward and casts the result back to bf16: about ten fp32
+/// passes over the logits against four bf16 ones here (softmax, argmax, sum, scatter);
+/// the figures on the GPU are in docs/gpu-results.md.
 pub fn weighted_ce_fused(
     hidden: &Tensor,
     lm_head: &Tensor,
@@ -372,28 +384,33 @@ pub fn weighted_ce_fused(
         while start < n {
             let len = step.min(n - start);
             let hc = hd.narrow(1, start, len).reshape([-1, h]);
-            let mut lf = hc.matmul(&lm_head.tr()).to_kind(Kind::Float);
+            let logits = hc.matmul(&lm_head.tr());
             let y = labels.narrow(1, start, len).reshape([-1, 1]);
             let sc = scale.narrow(1, start, len).reshape([-1, 1]);
-            let lse = lf.logsumexp([-1], true);
-            let part = ((&lse - lf.gather(1, &y, false)) * &sc).sum(Kind::Float);
+            let mut p = logits.softmax(-1, logits.kind());
+            drop(logits);
+            correct.push(
+                p.argmax(-1, false)
+                    .eq_tensor(&y.view([-1]))
+                    .view([b, len, bs]),
+            );
+            let p_y = p.gather(1, &y, false).to_kind(Kind::Float);
+            let _ = p.scatter_value_(1, &y, 0.0);
+            let rest = p.sum_dim_intlist([-1].as_slice(), true, Kind::Float);
+            // -log(p_y), from the side that does not cancel
+            let ce = (-&rest).log1p().neg().where_self(
+                &p_y.gt(0.5),
+                &p_y.clamp_min(f64::from(f32::MIN_POSITIVE)).log().neg(),
+            );
+            let part = (ce * &sc).sum(Kind::Float);
             total = Some(match total {
                 Some(t) => t + part,
                 None => part,
             });
-            correct.push(
-                lf.argmax(-1, false)
-                    .eq_tensor(&y.view([-1]))
-                    .view([b, len, bs]),
-            );
             if want_grad {
-                let _ = lf.g_sub_(&lse).exp_().g_mul_(&sc);
-                let _ = lf.scatter_add_(1, &y, &sc.neg());
-                grads.push(
-                    lf.to_kind(hidden.kind())
-                        .matmul(lm_head)
-                        .view([b, len, bs, h]),
-                );
+                let _ = p.scatter_(1, &y, &rest.neg().to_kind(p.kind()));
+                let g = p.matmul(lm_head).to_kind(Kind::Float) * &sc;
+                grads.push(g.to_kind(hidden.kind()).view([b, len, bs, h]));
             }
             start += len;
         }
