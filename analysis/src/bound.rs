@@ -163,19 +163,44 @@ pub fn bound(b: &Breakdown, out: &mut Vec<Finding>) {
 }
 
 /// The GPU-bound candidate: the GPU is busy `busy` of the step time with the work the
-/// steps launched; the busiest streams and the kernels as evidence.
+/// steps launched; the busiest streams and the kernels as evidence, counting only the
+/// kernels the steps launched when the trace says which (see [`StreamBusy`]).
+///
+/// [`StreamBusy`]: crate::kernels::StreamBusy
 fn gpu_bound(k: &KernelView, busy: f64, steps: f64) -> Candidate {
-    let mean_kernel = k.kernel_us / k.kernels.max(1) as f64;
-    let streams: Vec<String> = k
+    let in_steps = k.streams.iter().any(|s| s.step_kernels > 0);
+    let of = |s: &crate::kernels::StreamBusy| {
+        if in_steps {
+            (s.step_kernels, s.step_busy_us)
+        } else {
+            (s.kernels, s.busy_us)
+        }
+    };
+    let mut streams: Vec<(i64, i64, u64, f64)> = k
         .streams
         .iter()
-        .take(3)
         .map(|s| {
+            let (n, us) = of(s);
+            (s.pid, s.tid, n, us)
+        })
+        .collect();
+    streams.sort_by(|a, b| b.3.total_cmp(&a.3).then((a.0, a.1).cmp(&(b.0, b.1))));
+    let kernels = if in_steps {
+        streams.iter().map(|s| s.2).sum()
+    } else {
+        k.kernels
+    };
+    // the mean over every kernel of the trace (the steps' are a sample of the same work)
+    let mean_kernel = k.kernel_us / k.kernels.max(1) as f64;
+    let text: Vec<String> = streams
+        .iter()
+        .take(3)
+        .map(|&(pid, tid, _, us)| {
             format!(
                 "GPU {} stream {} {:.2} ms",
-                s.pid,
-                s.tid,
-                per_step(s.busy_us, steps) / 1000.0
+                pid,
+                tid,
+                per_step(us, steps) / 1000.0
             )
         })
         .collect();
@@ -185,8 +210,8 @@ fn gpu_bound(k: &KernelView, busy: f64, steps: f64) -> Candidate {
         format!(
             "GPU-bound: the work each step launches keeps the GPU busy {} of the step time (busy per step: {}; {:.0} kernels per step, {:.0} us each on average); the host waits for it, so faster kernels (or less work) speed the step up",
             pct(busy),
-            streams.join(", "),
-            per_step(k.kernels as f64, steps),
+            text.join(", "),
+            per_step(kernels as f64, steps),
             mean_kernel
         ),
     )

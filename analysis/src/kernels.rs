@@ -64,8 +64,17 @@ pub struct StreamBusy {
     pub pid: i64,
     /// The stream.
     pub tid: i64,
+    /// Over the whole trace.
     pub kernels: u64,
     pub busy_us: f64,
+    /// Only the kernels the steps launched (launch inside a `ProfilerStep#N`): what the
+    /// steps cost this stream. A trace's kernels can run before its first step or after
+    /// its last (a pipelined producer works ahead), so the whole-trace figures divided by
+    /// the step count overstate a step.
+    #[serde(default)]
+    pub step_kernels: u64,
+    #[serde(default)]
+    pub step_busy_us: f64,
 }
 
 /// GPU busy time of the work one step launched.
@@ -320,8 +329,10 @@ struct KernelPass<'c> {
     /// Every kernel's interval.
     all: Union,
     kernel_us: f64,
-    /// Per (device, stream): kernels and their intervals.
+    /// Per (device, stream): kernels and their intervals, over the trace and of the
+    /// kernels the steps launched.
     streams: FxHashMap<(i64, i64), (u64, Union)>,
+    step_streams: FxHashMap<(i64, i64), (u64, Union)>,
     /// Per kernel name: count and total time.
     names: FxHashMap<&'c str, (u64, f64)>,
     /// The CPU step windows, and the intervals of the kernels each step launched.
@@ -341,6 +352,7 @@ fn kernel_pass<'c>(c: &'c Cols, kernels: &[usize], l: &Launches) -> KernelPass<'
         all: Union::default(),
         kernel_us: 0.0,
         streams: FxHashMap::default(),
+        step_streams: FxHashMap::default(),
         names: FxHashMap::default(),
         per_step: vec![Union::default(); windows.len()],
         windows,
@@ -359,6 +371,9 @@ fn kernel_pass<'c>(c: &'c Cols, kernels: &[usize], l: &Launches) -> KernelPass<'
         let launch = l.of(c, k);
         if let Some(w) = window_of(&p.windows, launch.map_or(s, |l| c.ts[l])) {
             p.per_step[w].add(s, e);
+            let st = p.step_streams.entry((c.pid[k], c.tid[k])).or_default();
+            st.0 += 1;
+            st.1.add(s, e);
         }
         let Some((sec, via)) = launch.and_then(|launch| l.owner(c, launch)) else {
             p.unattributed += 1;
@@ -494,14 +509,22 @@ fn section_rows(c: &Cols, acc: FxHashMap<usize, Acc>) -> Vec<SectionGpu> {
 }
 
 /// The streams, busiest first.
-fn stream_rows(streams: FxHashMap<(i64, i64), (u64, Union)>) -> Vec<StreamBusy> {
+fn stream_rows(
+    streams: FxHashMap<(i64, i64), (u64, Union)>,
+    mut in_steps: FxHashMap<(i64, i64), (u64, Union)>,
+) -> Vec<StreamBusy> {
     let mut streams: Vec<StreamBusy> = streams
         .into_iter()
-        .map(|((pid, tid), (n, u))| StreamBusy {
-            pid,
-            tid,
-            kernels: n,
-            busy_us: u.total(),
+        .map(|((pid, tid), (n, u))| {
+            let (sn, su) = in_steps.remove(&(pid, tid)).unwrap_or_default();
+            StreamBusy {
+                pid,
+                tid,
+                kernels: n,
+                busy_us: u.total(),
+                step_kernels: sn,
+                step_busy_us: su.total(),
+            }
         })
         .collect();
     streams.sort_by(|a, b| {
@@ -543,7 +566,7 @@ fn view(c: &Cols) -> PolarsResult<Option<KernelView>> {
                 busy_us: u.total(),
             })
             .collect(),
-        streams: stream_rows(pass.streams),
+        streams: stream_rows(pass.streams, pass.step_streams),
         outer_sections: {
             let mut n: Vec<String> = outer_sections(c).map(|r| c.name(r).to_string()).collect();
             n.sort();
