@@ -11,7 +11,7 @@ use tch::nn::{self, Module};
 use tch::Tensor;
 
 use super::error::ModelError;
-use super::layers::{attention, merge_heads, split_heads, Linear, Mlp, RmsNorm, Rope};
+use super::layers::{attention, heads_first, merge_heads, split_heads, Linear, Mlp, RmsNorm, Rope};
 use super::objective::GroupedMask;
 use super::target_config::TargetConfig;
 
@@ -214,10 +214,15 @@ impl DrafterLayer {
             self.kv_heads,
             self.head_dim,
         ));
-        let v = split_heads(&self.v_proj.forward(&kv_in), self.kv_heads, self.head_dim);
-        // 3. rotary: queries at the block positions, keys at all S+Q positions
-        let q = rope.narrow(s, q_len).apply(&q);
-        let k = rope.apply(&k);
+        let v = heads_first(&split_heads(
+            &self.v_proj.forward(&kv_in),
+            self.kv_heads,
+            self.head_dim,
+        ));
+        // 3. rotary: queries at the block positions, keys at all S+Q positions; then
+        // (B, L, heads, D) -> (B, heads, L, D)
+        let q = heads_first(&rope.narrow(s, q_len).apply(&q));
+        let k = heads_first(&rope.apply(&k));
         // 4. (B, heads, Q, D) -> (B, Q, heads*D) -> (B, Q, H)
         let a = grouped_attention(&q, &k, &v, mask);
         x + self.o_proj.forward(&merge_heads(&a))

@@ -163,8 +163,9 @@ pub fn rope_inv_freq(
 
 /// Cosine and sine tables for rotary embeddings at arbitrary positions.
 ///
-/// `positions` is `[B, L]` (integer); the tables are `[B, 1, L, head_dim]` in `kind`,
-/// laid out for the non-interleaved `rotate_half` convention of Hugging Face Llama/Qwen.
+/// `positions` is `[B, L]` (integer); the tables are `[B, L, 1, head_dim]` in `kind`, for
+/// `[B, L, heads, head_dim]` inputs (see [`split_heads`]), laid out for the
+/// non-interleaved `rotate_half` convention of Hugging Face Llama/Qwen.
 /// `sin` carries `rotate_half`'s sign: its first half is negated (see [`Rope::apply`]).
 #[derive(Debug)]
 pub struct Rope {
@@ -188,14 +189,14 @@ impl Rope {
     ) -> Self {
         // 1. inverse frequencies (head_dim / 2)
         let inv_freq = rope_inv_freq(head_dim, theta, scaling, positions.device());
-        // 2. (B, L, 1) x (D/2) -> (B, L, D/2) -> (B, L, D)
+        // 2. (B, L, 1) x (D/2) -> (B, L, D/2) -> (B, L, 1, D)
         let freqs = positions.to_kind(Kind::Float).unsqueeze(-1) * inv_freq;
-        let emb = Tensor::cat(&[&freqs, &freqs], -1).unsqueeze(1);
+        let emb = Tensor::cat(&[&freqs, &freqs], -1).unsqueeze(2);
         let sin = freqs.sin();
         Self {
             cos: emb.cos().to_kind(kind),
             sin: Tensor::cat(&[&sin.neg(), &sin], -1)
-                .unsqueeze(1)
+                .unsqueeze(2)
                 .to_kind(kind),
         }
     }
@@ -203,12 +204,12 @@ impl Rope {
     /// Restrict the tables to positions `start..start+len` of the L axis.
     pub fn narrow(&self, start: i64, len: i64) -> Self {
         Self {
-            cos: self.cos.narrow(2, start, len),
-            sin: self.sin.narrow(2, start, len),
+            cos: self.cos.narrow(1, start, len),
+            sin: self.sin.narrow(1, start, len),
         }
     }
 
-    /// Rotates `xs` of shape `[B, heads, L, head_dim]`: `x * cos + rotate_half(x) * sin`
+    /// Rotates `xs` of shape `[B, L, heads, head_dim]`: `x * cos + rotate_half(x) * sin`
     /// with `rotate_half(x) = cat(-x2, x1)`, computed as `roll(x, D/2) * cat(-sin, sin)`
     /// (the same products, a sign flip being exact) added in one `addcmul`. Why: the
     /// negation, concatenation, product and sum of `rotate_half` are four kernels forward
@@ -255,10 +256,18 @@ pub fn attention(
     }
 }
 
-/// `[B, L, heads * D] -> [B, heads, L, D]`.
+/// `[B, L, heads * D] -> [B, L, heads, D]`, a view. Per-head norms and rotary embeddings
+/// work in this layout, then [`heads_first`] hands attention its `[B, heads, L, D]` view.
+/// Why not transpose first: the norm kernels take contiguous rows and would copy the
+/// transposed view (forward and backward) of every query and key.
 pub fn split_heads(xs: &Tensor, heads: i64, head_dim: i64) -> Tensor {
     let (b, l) = (xs.size()[0], xs.size()[1]);
-    xs.view([b, l, heads, head_dim]).transpose(1, 2)
+    xs.view([b, l, heads, head_dim])
+}
+
+/// `[B, L, heads, D] -> [B, heads, L, D]`, a view (attention kernels take strided inputs).
+pub fn heads_first(xs: &Tensor) -> Tensor {
+    xs.transpose(1, 2)
 }
 
 /// `[B, heads, L, D] -> [B, L, heads * D]`.
@@ -293,7 +302,7 @@ mod tests {
         // head_dim 2: one frequency (1.0); position p rotates (x1, x2) by angle p.
         let pos = Tensor::from_slice(&[0i64, 1, 2]).view([1, 3]);
         let rope = Rope::new(&pos, 2, 10000.0, Kind::Float);
-        let x = Tensor::from_slice(&[1f32, 0., 1., 0., 1., 0.]).view([1, 1, 3, 2]);
+        let x = Tensor::from_slice(&[1f32, 0., 1., 0., 1., 0.]).view([1, 3, 1, 2]);
         let y = Vec::<f32>::try_from(rope.apply(&x).view([-1])).unwrap();
         for p in 0..3 {
             let a = p as f32;
@@ -312,8 +321,10 @@ mod tests {
         let x: Vec<f64> = (0..2 * l * d)
             .map(|i| ((i * 37 % 11) as f64 - 5.0) / 3.0)
             .collect();
+        // x is laid out [head][position][dim]; the rotation takes [B, L, heads, D]
         let xt = Tensor::from_slice(&x).view([1, 2, l as i64, d as i64]);
-        let got = Vec::<f64>::try_from(rope.apply(&xt).view([-1])).unwrap();
+        let got = rope.apply(&xt.transpose(1, 2)).transpose(1, 2).contiguous();
+        let got = Vec::<f64>::try_from(got.view([-1])).unwrap();
         let positions = [3.0, 0.0, 7.0, 1.0, 12.0];
         for h in 0..2 {
             for (t, &p) in positions.iter().enumerate() {

@@ -8,7 +8,7 @@ use tch::nn::{self, Module};
 use tch::{Kind, Tensor};
 
 use super::error::ModelError;
-use super::layers::{attention, merge_heads, split_heads, Linear, Mlp, RmsNorm, Rope};
+use super::layers::{attention, heads_first, merge_heads, split_heads, Linear, Mlp, RmsNorm, Rope};
 pub use super::target_config::{Family, TargetConfig, TargetConfigFile};
 
 #[derive(Debug)]
@@ -46,15 +46,19 @@ impl Attention {
     }
 
     fn forward(&self, xs: &Tensor, rope: &Rope) -> Tensor {
-        // 1. (B, L, H) -> (B, heads, L, D), per-head norms (Qwen3), rotary positions
+        // 1. (B, L, H) -> (B, L, heads, D), per-head norms (Qwen3), rotary positions
         let q = split_heads(&self.q_proj.forward(xs), self.heads, self.head_dim);
         let k = split_heads(&self.k_proj.forward(xs), self.kv_heads, self.head_dim);
-        let v = split_heads(&self.v_proj.forward(xs), self.kv_heads, self.head_dim);
+        let v = heads_first(&split_heads(
+            &self.v_proj.forward(xs),
+            self.kv_heads,
+            self.head_dim,
+        ));
         let (q, k) = match &self.qk_norm {
             Some((q_norm, k_norm)) => (q_norm.forward(&q), k_norm.forward(&k)),
             None => (q, k),
         };
-        let (q, k) = (rope.apply(&q), rope.apply(&k));
+        let (q, k) = (heads_first(&rope.apply(&q)), heads_first(&rope.apply(&k)));
         // 2. causal attention, (B, heads, L, D) -> (B, L, heads * D)
         let a = attention(&q, &k, &v, None, true);
         self.o_proj.forward(&merge_heads(&a))
