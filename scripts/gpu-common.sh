@@ -2,7 +2,9 @@
 # finds the host's CUDA PyTorch install (its libtorch and CUDA libraries), writes
 # $out/device.txt, and defines `common`, the realistic configuration's train arguments
 # (target hidden 1024 x 28 layers, vocab 151936; drafter 3 layers, block 16, 256
-# anchors, sequence 2048, batch 1; target and drafter on cuda:0), and `train_run NAME
+# anchors, sequence 2048, batch 1; target and drafter on cuda:0; the loss in chunks of
+# 128 blocks, 2048 tokens: 27.1 ms/step on one H100 against 28.7 with 32 and 27.2 with
+# all 256), and `train_run NAME
 # ARGS...`, one training with those arguments under a watchdog: DEADLINE (seconds from
 # the start after which no further run is begun; default none), RUN_TIMEOUT (seconds one
 # training may take before its threads' kernel wait channels and stacks are written to
@@ -18,7 +20,7 @@ mkdir -p "$out"
   "$bin" --version
 } | tee "$out/device.txt"
 common=(--target-preset realistic --set synthetic_seq_len=2048 --set seq_len=2048 --set batch_tokens=2048
-  --set num_anchors=256 --set block_size=16 --set drafter_layers=3 --set chunk_blocks=32
+  --set num_anchors=256 --set block_size=16 --set drafter_layers=3 --set chunk_blocks=128
   --target-devices cuda:0 --drafter-device cuda:0 --set log_every=20 --set save_checkpoints=false)
 deadline="${DEADLINE:-0}"
 run_timeout="${RUN_TIMEOUT:-120}"

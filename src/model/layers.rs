@@ -63,8 +63,18 @@ impl RmsNorm {
 }
 
 impl Module for RmsNorm {
+    /// `rms_norm(x) * weight`. With a trainable weight the product is taken outside the
+    /// fused kernel, so that the weight's gradient is a plain column sum. Why: ATen's
+    /// fused backward computes it with a kernel that runs one block per 32 columns: on a
+    /// per-head norm (128 columns, 65,536 rows of queries) that is 4 blocks on a 132-SM
+    /// GPU, 185-680 us a call where the unfused product and sum take tens (measured on
+    /// the drafter step, docs/gpu-results.md). A frozen weight (the target's) stays fused.
     fn forward(&self, xs: &Tensor) -> Tensor {
-        xs.rms_norm([self.dim], Some(&self.weight), self.eps)
+        if self.weight.requires_grad() {
+            xs.rms_norm([self.dim], None::<&Tensor>, self.eps) * &self.weight
+        } else {
+            xs.rms_norm([self.dim], Some(&self.weight), self.eps)
+        }
     }
 }
 
@@ -294,6 +304,42 @@ mod tests {
         let got = Vec::<f32>::try_from(y.view([-1])).unwrap();
         for (g, w) in got.iter().zip(&want) {
             assert!((g - w).abs() < 1e-5, "{got:?} vs {want:?}");
+        }
+    }
+
+    #[test]
+    fn a_trainable_norm_gives_the_fused_outputs_and_the_column_sum_weight_gradient() {
+        // the same norm with its weight trainable (unfused product) and frozen (fused)
+        let vs = nn::VarStore::new(Device::Cpu);
+        let mut norm = RmsNorm::new(vs.root() / "n", 4, 1e-6);
+        tch::no_grad(|| {
+            norm.weight
+                .copy_(&Tensor::from_slice(&[0.5f64, -1.0, 2.0, 1.5]).to_kind(Kind::Float))
+        });
+        let x = Tensor::from_slice(&[1f32, -2., 3., 0.5, 0.1, 0.2, -0.3, 4.0]).view([2, 4]);
+        let y = norm.forward(&x);
+        let frozen = tch::no_grad(|| x.rms_norm([4], Some(&norm.weight.detach()), 1e-6));
+        assert!(y.allclose(&frozen, 1e-6, 1e-6, false));
+        // d sum(y * g) / d w_j = sum over rows of g * x / rms(x), by hand
+        let g = Tensor::from_slice(&[1f32, 2., -1., 0.5, -2., 1., 3., 1.]).view([2, 4]);
+        let dw = Tensor::run_backward(&[(&y * &g).sum(Kind::Float)], &[&norm.weight], false, false)
+            .remove(0);
+        let xs: Vec<f32> = Vec::try_from(x.view([-1])).unwrap();
+        let gs: Vec<f32> = Vec::try_from(g.view([-1])).unwrap();
+        let got: Vec<f32> = Vec::try_from(dw).unwrap();
+        for j in 0..4 {
+            let want: f64 = (0..2)
+                .map(|r| {
+                    let row = &xs[r * 4..r * 4 + 4];
+                    let rms =
+                        (row.iter().map(|v| (*v as f64).powi(2)).sum::<f64>() / 4.0 + 1e-6).sqrt();
+                    gs[r * 4 + j] as f64 * row[j] as f64 / rms
+                })
+                .sum();
+            assert!(
+                (got[j] as f64 - want).abs() < 1e-5,
+                "{got:?} column {j}: {want}"
+            );
         }
     }
 
