@@ -48,7 +48,7 @@ fn trainer(target: &model::LoadedTarget, seed: i64) -> DrafterTrainer {
 
 fn setup() -> Setup {
     let target =
-        model::load_target(&pipeline::default_target_dir(), Device::Cpu, Kind::Float).unwrap();
+        model::load_target(&pipeline::byte_target_dir(), Device::Cpu, Kind::Float).unwrap();
     let ds = data::load(&pipeline::default_corpus(), 64, 260, 0.0).unwrap();
     let mut loader = Loader::new(ds.train, 256, 0, bytes::PAD, 0);
     let host = loader.next_batch();

@@ -435,7 +435,7 @@ fn training_on_a_prepared_file_equals_training_on_its_source() {
         .unwrap();
     assert!(o.status.success(), "{}", stderr(&o));
     let (a, b) = (d.path().join("a"), d.path().join("b"));
-    train_ok(&a, &["--steps", "4"]);
+    train_ok(&a, &["--steps", "4", "--data", corpus.to_str().unwrap()]);
     train_ok(&b, &["--steps", "4", "--data", out.to_str().unwrap()]);
     let (la, lb) = (losses(&a), losses(&b));
     assert_eq!(la.len(), 4);

@@ -29,6 +29,33 @@ fn default_slice_trains_and_the_loss_falls() {
 }
 
 #[test]
+fn the_embedded_default_passes_a_held_out_tau_hat_of_2() {
+    // the whole default run (150 steps of the BPE target's continuations), as a user runs
+    // it: the drafter must predict its target's next tokens, not only lower a loss
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("run");
+    let out = dflash()
+        .args(["train", "--quiet", "--run-dir"])
+        .arg(&run)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let summary: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(run.join("summary.json")).unwrap()).unwrap();
+    let before = summary["heldout_before"]["tau_hat"].as_f64().unwrap();
+    let after = summary["heldout_after"]["tau_hat"].as_f64().unwrap();
+    assert!(
+        before < 1.1,
+        "an untrained drafter accepts almost nothing: {before}"
+    );
+    assert!(after > 2.0, "held-out tau_hat {before} -> {after}");
+}
+
+#[test]
 fn ten_steps_plus_resume_ten_equals_twenty_straight() {
     let dir = tempfile::tempdir().unwrap();
     let (a, b) = (dir.path().join("a"), dir.path().join("b"));
@@ -203,9 +230,20 @@ fn pipeline_equals_the_single_thread_path() {
     let dir = tempfile::tempdir().unwrap();
     let run = dir.path().join("run");
     let steps = 6;
+    // the byte-level tiny target on the text corpus: byte ids need no tokenizer here
+    let (target_dir, corpus) = (pipeline::byte_target_dir(), pipeline::default_corpus());
     train_ok(
         &run,
-        &["--steps", &steps.to_string(), "--set", "queue_capacity=3"],
+        &[
+            "--steps",
+            &steps.to_string(),
+            "--set",
+            "queue_capacity=3",
+            "--target",
+            target_dir.to_str().unwrap(),
+            "--data",
+            corpus.to_str().unwrap(),
+        ],
     );
     let threaded = losses(&run);
 
@@ -217,7 +255,7 @@ fn pipeline_equals_the_single_thread_path() {
         ])
         .unwrap();
     let target =
-        model::load_target(&pipeline::default_target_dir(), Device::Cpu, Kind::Float).unwrap();
+        model::load_target(&pipeline::byte_target_dir(), Device::Cpu, Kind::Float).unwrap();
     let tcfg = target.model.cfg.clone();
     let dcfg =
         model::DrafterConfig::for_target(&tcfg, cfg.drafter_layers, cfg.block_size, bytes::MASK);

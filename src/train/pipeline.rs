@@ -29,7 +29,9 @@ use super::run_log;
 use super::target_worker::Workers;
 
 pub use super::error::TrainError;
-pub use super::plan::{default_corpus, default_target_dir, fixtures_dir, parse_device};
+pub use super::plan::{
+    byte_target_dir, default_corpus, default_data, default_target_dir, fixtures_dir, parse_device,
+};
 pub use super::report::{Eval, RunOptions, RunReport, RunStatus};
 pub use super::step::step_seed;
 

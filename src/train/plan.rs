@@ -31,12 +31,29 @@ pub fn fixtures_dir() -> PathBuf {
         .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures"))
 }
 
+/// The embedded default's target: a tiny Qwen3-layout model with its own BPE tokenizer
+/// (`fixtures/tiny-target-bpe`).
 pub fn default_target_dir() -> PathBuf {
+    fixtures_dir().join("tiny-target-bpe")
+}
+
+/// The tiny target of the same recipe with the byte-level tokenizer (`fixtures/tiny-target`),
+/// the default before the BPE one; tests that need byte ids use it.
+pub fn byte_target_dir() -> PathBuf {
     fixtures_dir().join("tiny-target")
 }
 
+/// The bundled text corpus: what a target given without `--data` trains on, and what the
+/// tiny targets and their tokenizer were made from.
 pub fn default_corpus() -> PathBuf {
     fixtures_dir().join("corpus").join("train.txt")
+}
+
+/// The embedded default's data: the default target's own continuations of prompts from
+/// the corpus (token-id JSONL; see `fixtures/corpus/README.md`), since a drafter learns
+/// to predict its target, as drafter recipes train on target-generated responses.
+pub fn default_data() -> PathBuf {
+    fixtures_dir().join("corpus").join("continuations.jsonl")
 }
 
 /// Parses `cpu`, `cuda` or `cuda:N`, checking that the device exists.
@@ -159,7 +176,14 @@ impl Plan {
         let data = match (cfg.synthetic_seq_len, &tok) {
             (Some(len), _) => data::synthetic(64, len, vocab, cfg.seed),
             (None, tok) => {
-                let path = cfg.data.clone().unwrap_or_else(default_corpus);
+                let path = cfg.data.clone().unwrap_or_else(|| {
+                    // the continuations belong to the default target; any other reads the corpus
+                    if cfg.target.is_none() {
+                        default_data()
+                    } else {
+                        default_corpus()
+                    }
+                });
                 let tok = tok.as_ref().expect("resolved for file data");
                 data::load_with(&path, tok, cfg.seq_len, vocab, cfg.heldout_fraction)?
             }
