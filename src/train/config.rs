@@ -26,8 +26,8 @@ pub struct TrainConfig {
     pub data: Option<PathBuf>,
     /// Tokenizer of text data: a `tokenizer.json`, or a directory holding one (and
     /// `tokenizer_config.json` with the chat template). Empty: the target directory's
-    /// `tokenizer.json` if it has one, else the byte-level tokenizer (the embedded tiny
-    /// target's).
+    /// `tokenizer.json` if it has one (the embedded default's does), else the byte-level
+    /// tokenizer (that of `fixtures/tiny-target`).
     pub tokenizer: Option<PathBuf>,
     /// Synthetic random-token data of this sequence length instead of a file (benchmarks).
     pub synthetic_seq_len: Option<usize>,

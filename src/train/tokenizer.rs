@@ -2,13 +2,14 @@
 //! `tokenizer.json` (through the `tokenizers` crate) with what its `tokenizer_config.json`
 //! says (the chat template, the special tokens: BOS, and the MASK and PAD ids the drafter
 //! and the data loader use), or the byte-level tokenizer ([`bytes`], for targets that
-//! come without a tokenizer, such as the embedded tiny target).
+//! come without a tokenizer, such as `fixtures/tiny-target`).
 //!
 //! Which one ([`resolve`]): `--tokenizer DIR_OR_FILE` (a directory holding
 //! `tokenizer.json` and optionally `tokenizer_config.json` / `chat_template.jinja`, or a
 //! `tokenizer.json` file, whose sibling `tokenizer_config.json` is read when present);
 //! else the target checkpoint directory's `tokenizer.json` when it has one (as
-//! `fixtures/tiny-target-bpe` has: a byte-level BPE made by `dflash train-tokenizer`);
+//! `fixtures/tiny-target-bpe`, the embedded default's, has: a byte-level BPE made by
+//! `dflash train-tokenizer`);
 //! else the byte tokenizer. A tokenizer whose ids reach past the target's `vocab_size` is refused: it
 //! is not the target's.
 use std::collections::BTreeMap;
