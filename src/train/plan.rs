@@ -177,8 +177,9 @@ impl Plan {
             (Some(len), _) => data::synthetic(64, len, vocab, cfg.seed),
             (None, tok) => {
                 let path = cfg.data.clone().unwrap_or_else(|| {
-                    // the continuations belong to the default target; any other reads the corpus
-                    if cfg.target.is_none() {
+                    // the continuations belong to the default target; any other (a
+                    // checkpoint or a preset) reads the corpus
+                    if cfg.target.is_none() && cfg.target_preset.is_none() {
                         default_data()
                     } else {
                         default_corpus()
