@@ -3,7 +3,7 @@
 //! with one line naming the problem and leave no run directory behind.
 
 mod common;
-use common::{dflash, losses, train_ok, SMALL};
+use common::{dflash, losses, stderr, train_ok, SMALL};
 
 fn mean(v: &[f64]) -> f64 {
     v.iter().sum::<f64>() / v.len() as f64
@@ -39,11 +39,7 @@ fn the_embedded_default_passes_a_held_out_tau_hat_of_2() {
         .arg(&run)
         .output()
         .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert!(out.status.success(), "{}", stderr(&out));
     let summary: serde_json::Value =
         serde_json::from_slice(&std::fs::read(run.join("summary.json")).unwrap()).unwrap();
     let before = summary["heldout_before"]["tau_hat"].as_f64().unwrap();
