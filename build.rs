@@ -41,7 +41,11 @@ fn git_revision() {
 }
 
 /// The C++ sources of the shim library.
-const SHIM_SOURCES: [&str; 2] = ["src/cuda/shim.cpp", "src/cuda/activity.cpp"];
+const SHIM_SOURCES: [&str; 3] = [
+    "src/cuda/shim.cpp",
+    "src/cuda/activity.cpp",
+    "src/cuda/kernels.cpp",
+];
 
 /// Whether the shim library in OUT_DIR is newer than its sources and this script, so a
 /// rerun for a new git revision does not compile it again.

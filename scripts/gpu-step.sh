@@ -12,7 +12,8 @@
 # Environment: VARIANTS (space-separated NAME[@BIN]:SETTING[,SETTING...]: BIN, another
 # dflash binary to run instead of BIN, for a before/after pair; default
 # "base:fused_loss=false new:fused_loss=true"), REPS (default 2), STEPS (default 60),
-# DEADLINE and RUN_TIMEOUT as in scripts/gpu-kernels.sh.
+# DEADLINE and RUN_TIMEOUT as in scripts/gpu-kernels.sh, PEER_EAGER (0: skip the eager
+# peer; default 1).
 set -uo pipefail
 bin="${1:-target/release/dflash}"
 out="${2:-gpu-runs}"
@@ -36,7 +37,7 @@ settings_of() {
   printf '%s\n' "${s[@]}"
 }
 
-peer_run peer-eager --steps 20
+[[ "${PEER_EAGER:-1}" == 0 ]] || peer_run peer-eager --steps 20
 peer_run peer-compiled-1 --compile --steps 30
 last=""
 main_bin="$bin"

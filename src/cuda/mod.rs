@@ -13,6 +13,7 @@ use crate::trace::{DeviceProperties, GpuBackend, GpuError, GpuEvent};
 pub mod activity;
 pub mod capture;
 pub mod kernel_trace;
+pub mod kernels;
 pub mod ops;
 
 /// The shim's C ABI: every `extern "C"` function of `shim.cpp`. They return 0 on success

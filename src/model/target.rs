@@ -8,7 +8,10 @@ use tch::nn::{self, Module};
 use tch::{Kind, Tensor};
 
 use super::error::ModelError;
-use super::layers::{attention, heads_first, merge_heads, split_heads, Linear, Mlp, RmsNorm, Rope};
+use super::layers::{
+    add_norm, attention, heads_first, merge_heads, norm_rope, split_heads, Linear, Mlp, RmsNorm,
+    Rope,
+};
 pub use super::target_config::{Family, TargetConfig, TargetConfigFile};
 
 #[derive(Debug)]
@@ -54,11 +57,12 @@ impl Attention {
             self.kv_heads,
             self.head_dim,
         ));
-        let (q, k) = match &self.qk_norm {
-            Some((q_norm, k_norm)) => (q_norm.forward(&q), k_norm.forward(&k)),
-            None => (q, k),
+        let (q_norm, k_norm) = match &self.qk_norm {
+            Some((q_norm, k_norm)) => (Some(q_norm), Some(k_norm)),
+            None => (None, None),
         };
-        let (q, k) = (heads_first(&rope.apply(&q)), heads_first(&rope.apply(&k)));
+        let q = heads_first(&norm_rope(&q, q_norm, rope));
+        let k = heads_first(&norm_rope(&k, k_norm, rope));
         // 2. causal attention, (B, heads, L, D) -> (B, L, heads * D)
         let a = attention(&q, &k, &v, None, true);
         self.o_proj.forward(&merge_heads(&a))
@@ -96,14 +100,16 @@ impl DecoderLayer {
         }
     }
 
-    fn forward(&self, xs: &Tensor, rope: &Rope) -> Tensor {
-        let xs = xs
-            + self
-                .self_attn
-                .forward(&self.input_layernorm.forward(xs), rope);
-        &xs + self
-            .mlp
-            .forward(&self.post_attention_layernorm.forward(&xs))
+    /// The layer over the residual stream `xs`, given `normed`, its input norm
+    /// (`input_layernorm(xs)`, which the caller fuses into the previous residual sum).
+    /// Returns `(h, m)`: the layer's output is `h + m`, left to the caller for the same
+    /// reason.
+    fn forward(&self, xs: &Tensor, normed: &Tensor, rope: &Rope) -> (Tensor, Tensor) {
+        // 1. attention and its residual sum, fused with the MLP's norm
+        let a = self.self_attn.forward(normed, rope);
+        let (h, n) = add_norm(xs, &a, &self.post_attention_layernorm);
+        // 2. MLP
+        (h, self.mlp.forward(&n))
     }
 }
 
@@ -192,15 +198,30 @@ impl Target {
         } else {
             taps.iter().max().map_or(0, |m| m + 1)
         };
+        //    Each layer's residual sum is fused with the norm that reads it next: the next
+        //    layer's input norm, or the final norm when logits follow.
+        let layers = &self.layers[..last];
+        let next_norm = |i: usize| match layers.get(i) {
+            Some(l) => Some(&l.input_layernorm),
+            None => logits.then_some(&self.norm),
+        };
+        let mut normed = match next_norm(0) {
+            Some(norm) => norm.forward(&xs),
+            None => xs.shallow_clone(),
+        };
         let mut hidden: Vec<Option<Tensor>> = (0..taps.len()).map(|_| None).collect();
-        for (i, layer) in self.layers.iter().enumerate().take(last) {
-            xs = layer.forward(&xs, &rope);
+        for (i, layer) in layers.iter().enumerate() {
+            let (h, m) = layer.forward(&xs, &normed, &rope);
+            (xs, normed) = match next_norm(i + 1) {
+                Some(norm) => add_norm(&h, &m, norm),
+                None => (&h + m, Tensor::new()),
+            };
             for (slot, _) in taps.iter().enumerate().filter(|(_, &t)| t == i) {
                 hidden[slot] = Some(xs.shallow_clone());
             }
         }
-        // 3. final norm and lm_head
-        let logits = logits.then(|| self.norm.forward(&xs).matmul(&self.lm_head.tr()));
+        // 3. lm_head over the final norm
+        let logits = logits.then(|| normed.matmul(&self.lm_head.tr()));
         Ok(TargetOutput {
             logits,
             hidden: hidden

@@ -60,6 +60,11 @@ pub struct TrainConfig {
     /// logits kept for the backward (the default: the realistic step on the GPU takes 27.1
     /// instead of 37.5 ms, docs/gpu-results.md); false: autograd's fp32 log-softmax path.
     pub fused_loss: bool,
+    /// On CUDA, the frozen target's forward runs our fused bf16 kernels for its per-head
+    /// norms with rotary embedding, residual sums with the next norm, and SwiGLU
+    /// (`src/cuda/kernels.cu`, compiled at start-up) instead of ATen's chains of
+    /// elementwise kernels (the default); false: ATen's kernels. No effect on the CPU.
+    pub fused_kernels: bool,
     pub drafter_layers: i64,
     /// Target layers tapped; empty: the DFlash formula.
     pub target_layer_ids: Vec<usize>,
@@ -119,6 +124,7 @@ impl Default for TrainConfig {
             chunk_blocks: 16,
             attn_group_blocks: 0,
             fused_loss: true,
+            fused_kernels: true,
             drafter_layers: 2,
             target_layer_ids: Vec::new(),
             sliding_layers: 0,
@@ -218,6 +224,7 @@ impl TrainConfig {
             "chunk_blocks",
             "attn_group_blocks",
             "fused_loss",
+            "fused_kernels",
             "drafter_layers",
             "target_layer_ids",
             "sliding_layers",

@@ -83,6 +83,7 @@ pub fn run(cfg: TrainConfig, opts: &RunOptions) -> Result<RunReport, TrainError>
         standing.write_failed(what, e)
     })?;
     super::step::set_sync_sections(plan.cfg.sync_sections);
+    prepare_kernels(&plan);
     let stop = install_signal_handlers()?;
     let recorder = match opts.trace {
         true => Some(plan::start_recorder(&plan, dir.path())?),
@@ -157,6 +158,26 @@ pub fn run(cfg: TrainConfig, opts: &RunOptions) -> Result<RunReport, TrainError>
 
 /// Stops recording, writes `fidelity.json` in the validation mode, and closes the trace;
 /// a trace that could not be written whole is a failed write.
+/// Switches the fused target kernels on or off as configured and, on CUDA, compiles them
+/// for each target device now, so that a failure is said once before training (the
+/// target then runs ATen's kernels).
+fn prepare_kernels(plan: &Plan) {
+    cuda::kernels::set_enabled(plan.cfg.fused_kernels);
+    if !plan.cfg.fused_kernels {
+        return;
+    }
+    for d in &plan.target_devices {
+        if let Device::Cuda(i) = *d {
+            if let Err(e) = cuda::kernels::prepare(i) {
+                eprintln!(
+                    "warning: fused target kernels unavailable on cuda:{i} ({e}); the target runs ATen's kernels"
+                );
+                cuda::kernels::set_enabled(false);
+            }
+        }
+    }
+}
+
 fn close_trace(
     rec: Recorder,
     plan: &Plan,

@@ -1,0 +1,253 @@
+//! Fused bf16 kernels of our own for the frozen target's forward pass on CUDA
+//! (`kernels.cu`, compiled at run time with NVRTC by the shim in `kernels.cpp`).
+//!
+//! What they beat: on the realistic GPU step the target's forward spent 6.6 of its 13.4 ms
+//! of kernel time per step in ATen's elementwise and norm kernels (the rotary embedding's
+//! `mul`, `roll` and `addcmul` alone 3.3 ms, one H100, docs/gpu-results.md). Each fused
+//! kernel reads its inputs and writes its outputs once, and rounds to bf16 where ATen's
+//! chain does, so outputs match ATen's to the order of fp32 sums.
+//!
+//! Each op returns `None` where it does not apply (CPU tensors, another dtype, a shape or
+//! layout it does not serve, or autograd recording: the kernels have no backward), and the
+//! caller runs the ATen chain. A kernel that fails to compile or launch is reported once
+//! on stderr and the fused path is switched off for the rest of the process.
+use std::ffi::{c_char, c_int, c_void, CStr};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Once;
+
+use tch::Tensor;
+
+use super::{CudaError, Result};
+
+/// The kernels' CUDA C++ source.
+pub const SOURCE: &str = include_str!("kernels.cu");
+
+mod ffi {
+    use std::ffi::{c_char, c_int, c_void};
+
+    extern "C" {
+        pub fn dflash_kernels_last_error() -> *const c_char;
+        pub fn dflash_kernels_set_source(src: *const c_char, len: usize);
+        pub fn dflash_kernels_compile(
+            src: *const c_char,
+            len: usize,
+            major: c_int,
+            minor: c_int,
+            size: *mut usize,
+        ) -> c_int;
+        pub fn dflash_kernels_prepare(device: c_int) -> c_int;
+        pub fn dflash_norm_rope(
+            x: *mut c_void,
+            weight: *mut c_void,
+            cos: *mut c_void,
+            sin: *mut c_void,
+            eps: f64,
+            out: *mut *mut c_void,
+        ) -> c_int;
+        pub fn dflash_add_rms_norm(
+            a: *mut c_void,
+            b: *mut c_void,
+            weight: *mut c_void,
+            eps: f64,
+            sum: *mut *mut c_void,
+            normed: *mut *mut c_void,
+        ) -> c_int;
+        pub fn dflash_silu_mul(gate: *mut c_void, up: *mut c_void, out: *mut *mut c_void) -> c_int;
+    }
+}
+
+static ENABLED: AtomicBool = AtomicBool::new(true);
+static LAUNCHES: AtomicU64 = AtomicU64::new(0);
+static SOURCE_SET: Once = Once::new();
+
+/// Turns the fused kernels on or off for the process (on by default; the trainer sets it
+/// from `fused_kernels`).
+pub fn set_enabled(on: bool) {
+    ENABLED.store(on, Ordering::Relaxed);
+}
+
+/// How many fused kernels this process has launched (for tests and diagnostics).
+pub fn launches() -> u64 {
+    LAUNCHES.load(Ordering::Relaxed)
+}
+
+/// Whether the fused kernels are in use.
+#[inline]
+pub fn enabled() -> bool {
+    ENABLED.load(Ordering::Relaxed)
+}
+
+fn last_error() -> String {
+    // SAFETY: the shim returns its NUL-terminated thread-local buffer.
+    unsafe {
+        let p = ffi::dflash_kernels_last_error();
+        if p.is_null() {
+            return String::new();
+        }
+        CStr::from_ptr(p).to_string_lossy().into_owned()
+    }
+}
+
+fn set_source() {
+    SOURCE_SET.call_once(|| {
+        // SAFETY: the shim copies `len` bytes of the static source.
+        unsafe { ffi::dflash_kernels_set_source(SOURCE.as_ptr() as *const c_char, SOURCE.len()) }
+    });
+}
+
+/// Compiles the kernels for compute capability `major.minor` without a device (NVRTC
+/// alone) and returns the size of the image: a check that the source builds.
+pub fn compile(major: i32, minor: i32) -> Result<usize> {
+    let mut size = 0usize;
+    // SAFETY: pointer and length of the static source; `size` is a local out-pointer.
+    let rc = unsafe {
+        ffi::dflash_kernels_compile(
+            SOURCE.as_ptr() as *const c_char,
+            SOURCE.len(),
+            major,
+            minor,
+            &mut size,
+        )
+    };
+    if rc < 0 {
+        return Err(CudaError::Call {
+            op: "compile kernels",
+            code: rc,
+            message: last_error(),
+        });
+    }
+    Ok(size)
+}
+
+/// Compiles and loads the kernels for `device` now, so that a failure shows before
+/// training rather than at the first launch.
+pub fn prepare(device: usize) -> Result<()> {
+    set_source();
+    // SAFETY: plain call; the shim checks the device.
+    let rc = unsafe { ffi::dflash_kernels_prepare(device as c_int) };
+    if rc < 0 {
+        return Err(CudaError::Call {
+            op: "prepare kernels",
+            code: rc,
+            message: last_error(),
+        });
+    }
+    Ok(())
+}
+
+fn ptr(t: &Tensor) -> *mut c_void {
+    t.as_ptr() as *mut c_void
+}
+
+/// Takes a tensor the shim allocated with `new at::Tensor`.
+///
+/// SAFETY: `p` must come from the shim's `new at::Tensor(..)` and be taken once.
+unsafe fn take(p: *mut c_void) -> Tensor {
+    // SAFETY: see the function's contract.
+    unsafe { Tensor::from_ptr(p as *mut _) }
+}
+
+/// Runs one shim op: `Some(())` when it ran, `None` when it does not apply or failed
+/// (reported once, then the fused path is off).
+fn run(op: &str, f: impl FnOnce() -> c_int) -> Option<()> {
+    if !enabled() {
+        return None;
+    }
+    set_source();
+    match f() {
+        0 => {
+            LAUNCHES.fetch_add(1, Ordering::Relaxed);
+            Some(())
+        }
+        rc if rc > 0 => None,
+        rc => {
+            static WARNED: Once = Once::new();
+            let msg = last_error();
+            WARNED.call_once(|| {
+                eprintln!(
+                    "warning: fused CUDA kernel {op} failed (code {rc}): {msg}; using ATen's kernels"
+                )
+            });
+            set_enabled(false);
+            None
+        }
+    }
+}
+
+/// `rope(rms_norm(x) * weight)`, or `rope(x)` without a weight: `x` is `[B, L, heads, D]`,
+/// the tables `[B, L, 1, D]` (`sin` with its first half negated, as [`crate::model::Rope`]
+/// keeps it).
+pub fn norm_rope(
+    x: &Tensor,
+    weight: Option<&Tensor>,
+    cos: &Tensor,
+    sin: &Tensor,
+    eps: f64,
+) -> Option<Tensor> {
+    let mut out = std::ptr::null_mut();
+    run("norm_rope", || {
+        // SAFETY: live tensors; the shim writes `out` only when it returns 0.
+        unsafe {
+            ffi::dflash_norm_rope(
+                ptr(x),
+                weight.map_or(std::ptr::null_mut(), ptr),
+                ptr(cos),
+                ptr(sin),
+                eps,
+                &mut out,
+            )
+        }
+    })?;
+    // SAFETY: written by the shim on success.
+    Some(unsafe { take(out) })
+}
+
+/// `(a + b, rms_norm(a + b) * weight)` over the last dimension.
+pub fn add_rms_norm(a: &Tensor, b: &Tensor, weight: &Tensor, eps: f64) -> Option<(Tensor, Tensor)> {
+    let (mut sum, mut normed) = (std::ptr::null_mut(), std::ptr::null_mut());
+    run("add_rms_norm", || {
+        // SAFETY: live tensors; the shim writes both outputs only when it returns 0.
+        unsafe { ffi::dflash_add_rms_norm(ptr(a), ptr(b), ptr(weight), eps, &mut sum, &mut normed) }
+    })?;
+    // SAFETY: written by the shim on success.
+    Some(unsafe { (take(sum), take(normed)) })
+}
+
+/// `silu(gate) * up`.
+pub fn silu_mul(gate: &Tensor, up: &Tensor) -> Option<Tensor> {
+    let mut out = std::ptr::null_mut();
+    run("silu_mul", || {
+        // SAFETY: live tensors; the shim writes `out` only when it returns 0.
+        unsafe { ffi::dflash_silu_mul(ptr(gate), ptr(up), &mut out) }
+    })?;
+    // SAFETY: written by the shim on success.
+    Some(unsafe { take(out) })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tch::{Device, Kind};
+
+    /// The source compiles for the architectures the trainer meets (Hopper, Ampere,
+    /// Blackwell) with NVRTC alone: no GPU needed.
+    #[test]
+    fn the_kernels_compile_for_hopper_ampere_and_blackwell() {
+        for (major, minor) in [(9, 0), (8, 0), (10, 0)] {
+            let size = compile(major, minor).unwrap_or_else(|e| panic!("sm_{major}{minor}: {e}"));
+            assert!(size > 1000, "sm_{major}{minor}: a {size}-byte image");
+        }
+    }
+
+    /// On the CPU (and for other dtypes) every op declines, so callers run ATen.
+    #[test]
+    fn ops_decline_cpu_tensors() {
+        let x = Tensor::ones([1, 2, 2, 64], (Kind::BFloat16, Device::Cpu));
+        let t = Tensor::ones([1, 2, 1, 64], (Kind::BFloat16, Device::Cpu));
+        assert!(norm_rope(&x, None, &t, &t, 1e-6).is_none());
+        let w = Tensor::ones([64], (Kind::BFloat16, Device::Cpu));
+        assert!(add_rms_norm(&x, &x, &w, 1e-6).is_none());
+        assert!(silu_mul(&x, &x).is_none());
+        assert!(enabled(), "declining is not a failure");
+    }
+}

@@ -1,0 +1,208 @@
+//! The fused target kernels (`src/cuda/kernels.cu`) against ATen's chains on a CUDA
+//! device. Ignored by default, since they need a GPU: run them there with
+//! `cargo test --release --test cuda_kernels -- --ignored` (or the built test binary with
+//! `--ignored`). Without a GPU, `src/cuda/kernels.rs` checks that the source compiles.
+use std::sync::Mutex;
+
+use dflash::cuda::kernels;
+use dflash::model::layers::{add_norm, norm_rope, Rope};
+use dflash::model::{random_target, TargetConfigFile};
+use tch::{Device, Kind, Tensor};
+
+/// The fused path is a process-wide switch: tests that flip it or count launches hold this.
+static SWITCH: Mutex<()> = Mutex::new(());
+
+fn lock() -> std::sync::MutexGuard<'static, ()> {
+    SWITCH.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn cuda() -> Device {
+    assert!(
+        dflash::cuda::is_available(),
+        "these tests need a CUDA device (they are ignored by default)"
+    );
+    Device::Cuda(0)
+}
+
+fn randn(shape: &[i64], seed: i64) -> Tensor {
+    tch::manual_seed(seed);
+    Tensor::randn(shape, (Kind::Float, cuda())).to_kind(Kind::BFloat16)
+}
+
+/// Worst difference relative to the reference's scale, and the share of bitwise-equal
+/// values: the kernels round where ATen does, so they differ only where an fp32 sum taken
+/// in another order rounds to the neighbouring bf16 value.
+fn compare(got: &Tensor, want: &Tensor) -> (f64, f64) {
+    assert_eq!(got.size(), want.size());
+    assert_eq!(got.kind(), want.kind());
+    let (g, w) = (got.to_kind(Kind::Float), want.to_kind(Kind::Float));
+    let scale = w.abs().max().double_value(&[]).max(1e-6);
+    let worst = (&g - &w).abs().max().double_value(&[]) / scale;
+    let equal = g
+        .eq_tensor(&w)
+        .to_kind(Kind::Float)
+        .mean(Kind::Float)
+        .double_value(&[]);
+    (worst, equal)
+}
+
+fn assert_close(what: &str, got: &Tensor, want: &Tensor) {
+    let (worst, equal) = compare(got, want);
+    assert!(
+        worst <= 1.0 / 64.0 && equal >= 0.97,
+        "{what}: worst difference {worst:.2e} of the scale, {:.2}% bitwise equal",
+        100.0 * equal
+    );
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn norm_rope_matches_atens_norm_then_rope() {
+    let _g = lock();
+    let dev = cuda();
+    for (d, with_norm) in [(64, true), (128, true), (256, true), (128, false)] {
+        let (b, l, heads) = (2, 37, 3);
+        let x = randn(&[b, l, heads, d], 1) * 3.0;
+        let w = randn(&[d], 2) * 0.5 + 1.0;
+        // tables over 45 positions, of which this call uses 37 from position 5: a narrowed
+        // view, as the drafter's blocks take them
+        let positions = Tensor::arange(45, (Kind::Int64, dev))
+            .unsqueeze(0)
+            .repeat([b, 1])
+            + 100;
+        let rope = Rope::new(&positions, d, 10_000.0, Kind::BFloat16).narrow(5, l);
+        let want = match with_norm {
+            true => rope.apply(&x.rms_norm([d], Some(&w), 1e-6)),
+            false => rope.apply(&x),
+        };
+        let before = kernels::launches();
+        let got = tch::no_grad(|| {
+            kernels::norm_rope(&x, with_norm.then_some(&w), &rope.cos, &rope.sin, 1e-6)
+        })
+        .unwrap_or_else(|| panic!("D={d}: the fused kernel declined"));
+        assert_eq!(kernels::launches(), before + 1);
+        assert_close(&format!("norm_rope D={d} norm={with_norm}"), &got, &want);
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn add_rms_norm_matches_atens_add_then_rms_norm() {
+    let _g = lock();
+    for h in [1024, 264, 8] {
+        let (a, b) = (randn(&[3, 50, h], 3), randn(&[3, 50, h], 4) * 2.0);
+        let w = randn(&[h], 5) + 1.0;
+        let sum = &a + &b;
+        let normed = sum.rms_norm([h], Some(&w), 1e-5);
+        let (got_sum, got_normed) = tch::no_grad(|| kernels::add_rms_norm(&a, &b, &w, 1e-5))
+            .unwrap_or_else(|| panic!("H={h}: the fused kernel declined"));
+        assert_eq!(
+            got_sum, sum,
+            "H={h}: the sum is one bf16 rounding, as ATen's"
+        );
+        assert_close(&format!("add_rms_norm H={h}"), &got_normed, &normed);
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn silu_mul_matches_atens_silu_then_mul() {
+    let _g = lock();
+    let (g, u) = (randn(&[7, 3072], 6) * 4.0, randn(&[7, 3072], 7));
+    let want = g.silu() * &u;
+    let got = tch::no_grad(|| kernels::silu_mul(&g, &u)).expect("the fused kernel declined");
+    assert_close("silu_mul", &got, &want);
+}
+
+/// Where the kernels have no answer they decline and the layers run ATen: inputs that
+/// autograd records, another dtype, a layout they do not serve.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn the_kernels_decline_autograd_other_dtypes_and_layouts() {
+    let _g = lock();
+    let dev = cuda();
+    let positions = Tensor::arange(8, (Kind::Int64, dev)).unsqueeze(0);
+    let rope = Rope::new(&positions, 64, 10_000.0, Kind::BFloat16);
+    let x = randn(&[1, 8, 2, 64], 8).set_requires_grad(true);
+    let w = randn(&[64], 9);
+    assert!(kernels::norm_rope(&x, Some(&w), &rope.cos, &rope.sin, 1e-6).is_none());
+    let x = x.detach();
+    let x32 = x.to_kind(Kind::Float);
+    let rope32 = Rope::new(&positions, 64, 10_000.0, Kind::Float);
+    assert!(kernels::norm_rope(&x32, None, &rope32.cos, &rope32.sin, 1e-6).is_none());
+    let strided = x.transpose(1, 2);
+    assert!(kernels::norm_rope(&strided, None, &rope.cos, &rope.sin, 1e-6).is_none());
+    let odd = randn(&[4, 12], 10);
+    assert!(kernels::silu_mul(&odd.narrow(1, 0, 6), &odd.narrow(1, 6, 6)).is_none());
+    assert!(kernels::enabled(), "declining is not a failure");
+    // and the layer functions then give ATen's result, with autograd
+    let x = randn(&[1, 8, 2, 64], 11).set_requires_grad(true);
+    let y = norm_rope(&x, None, &rope);
+    y.sum(Kind::Float).backward();
+    assert!(x.grad().defined());
+    let (s, _) = add_norm(&x, &x, &dflash_norm(&w));
+    assert!(s.requires_grad());
+}
+
+fn dflash_norm(w: &Tensor) -> dflash::model::layers::RmsNorm {
+    let vs = tch::nn::VarStore::new(w.device());
+    let mut n = dflash::model::layers::RmsNorm::new(vs.root() / "n", w.size()[0], 1e-6);
+    n.weight = w.shallow_clone();
+    n
+}
+
+/// A whole bf16 target forward (Qwen3 with per-head norms, Llama without, head sizes 64
+/// to 256) with the fused kernels against ATen's: the same taps and logits, and the fused
+/// path really taken (five launches per layer).
+#[test]
+#[ignore = "needs a CUDA device"]
+fn a_target_forward_with_the_kernels_matches_aten() {
+    let _g = lock();
+    let dev = cuda();
+    for (model_type, heads, head_dim) in [("qwen3", 4, 64), ("llama", 2, 128), ("qwen3", 2, 256)] {
+        let file: TargetConfigFile = serde_json::from_value(serde_json::json!({
+            "model_type": model_type,
+            "vocab_size": 300, "hidden_size": 256, "intermediate_size": 512,
+            "num_hidden_layers": 3, "num_attention_heads": heads, "num_key_value_heads": 1,
+            "head_dim": head_dim, "tie_word_embeddings": false,
+        }))
+        .unwrap();
+        let cfg = file.into_config().unwrap();
+        let target = random_target(&cfg, dev, Kind::BFloat16, 7);
+        let ids = Tensor::randint(300, [2, 40], (Kind::Int64, dev));
+        let run = |fused: bool| {
+            kernels::set_enabled(fused);
+            let before = kernels::launches();
+            let out = tch::no_grad(|| target.model.forward(&ids, &[0, 2], true)).unwrap();
+            kernels::set_enabled(true);
+            (out, kernels::launches() - before)
+        };
+        let (aten, none) = run(false);
+        let (fused, launched) = run(true);
+        assert_eq!(none, 0);
+        assert_eq!(launched, 15, "{model_type}: 5 fused kernels per layer");
+        // one value rounded the other way in layer 0 moves everything after it a little:
+        // compare as a whole (bf16's own step is 0.4%)
+        let mut pairs: Vec<(String, &Tensor, &Tensor)> = fused
+            .hidden
+            .iter()
+            .zip(&aten.hidden)
+            .enumerate()
+            .map(|(i, (g, w))| (format!("tap {i}"), g, w))
+            .collect();
+        pairs.push((
+            "logits".into(),
+            fused.logits.as_ref().unwrap(),
+            aten.logits.as_ref().unwrap(),
+        ));
+        for (what, g, w) in pairs {
+            let (g, w) = (g.to_kind(Kind::Float), w.to_kind(Kind::Float));
+            let rel = (&g - &w).norm().double_value(&[]) / w.norm().double_value(&[]);
+            let (worst, _) = compare(&g, &w);
+            assert!(
+                rel <= 1e-2 && worst <= 1.0 / 16.0,
+                "{model_type} {what}: relative error {rel:.2e}, worst {worst:.2e} of the scale"
+            );
+        }
+    }
+}
