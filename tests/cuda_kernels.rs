@@ -6,6 +6,7 @@ use std::sync::Mutex;
 
 use dflash::cuda::kernels;
 use dflash::model::layers::{add_norm, norm_rope, Rope};
+use dflash::model::objective;
 use dflash::model::{random_target, TargetConfigFile};
 use tch::{Device, Kind, Tensor};
 
@@ -125,7 +126,10 @@ fn the_kernels_decline_autograd_other_dtypes_and_layouts() {
     let rope = Rope::new(&positions, 64, 10_000.0, Kind::BFloat16);
     let x = randn(&[1, 8, 2, 64], 8).set_requires_grad(true);
     let w = randn(&[64], 9);
-    assert!(kernels::norm_rope(&x, Some(&w), &rope.cos, &rope.sin, 1e-6).is_none());
+    // under autograd, a rotary embedding without a norm has no fused backward
+    assert!(kernels::norm_rope(&x, None, &rope.cos, &rope.sin, 1e-6).is_none());
+    let cos_grad = rope.cos.detach().set_requires_grad(true);
+    assert!(kernels::norm_rope(&x, Some(&w), &cos_grad, &rope.sin, 1e-6).is_none());
     let x = x.detach();
     let x32 = x.to_kind(Kind::Float);
     let rope32 = Rope::new(&positions, 64, 10_000.0, Kind::Float);
@@ -134,6 +138,13 @@ fn the_kernels_decline_autograd_other_dtypes_and_layouts() {
     assert!(kernels::norm_rope(&strided, None, &rope.cos, &rope.sin, 1e-6).is_none());
     let odd = randn(&[4, 12], 10);
     assert!(kernels::silu_mul(&odd.narrow(1, 0, 6), &odd.narrow(1, 6, 6)).is_none());
+    let labels = Tensor::zeros([4], (Kind::Int64, dev));
+    let mut z32 = odd.to_kind(Kind::Float);
+    assert!(kernels::softmax_xent(&mut z32, &labels).is_none());
+    let mut z_odd_v = randn(&[4, 10], 12);
+    assert!(kernels::softmax_xent(&mut z_odd_v, &labels).is_none());
+    let mut z_grad = odd.set_requires_grad(true);
+    assert!(kernels::softmax_xent(&mut z_grad, &labels).is_none());
     assert!(kernels::enabled(), "declining is not a failure");
     // and the layer functions then give ATen's result, with autograd
     let x = randn(&[1, 8, 2, 64], 11).set_requires_grad(true);
@@ -204,5 +215,174 @@ fn a_target_forward_with_the_kernels_matches_aten() {
                 "{model_type} {what}: relative error {rel:.2e}, worst {worst:.2e} of the scale"
             );
         }
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn softmax_xent_matches_atens_softmax_argmax_gather_and_sum() {
+    let _g = lock();
+    let dev = cuda();
+    // 5008 columns: more than one 512-thread sweep of 8 values, and not a multiple of it
+    for (rows, v, spread) in [(67, 5008, 4.0), (5, 64, 1.0), (3, 151_936, 12.0)] {
+        let z = randn(&[rows, v], 20) * spread;
+        let labels = Tensor::randint(v, [rows], (Kind::Int64, dev));
+        // ATen's chain, as the loss ran it before
+        let p = z.softmax(-1, Kind::BFloat16);
+        let want_arg = p.argmax(-1, false);
+        let y = labels.view([-1, 1]);
+        let want_py = p.gather(1, &y, false).to_kind(Kind::Float).view([-1]);
+        let zeroed = p.scatter_value(1, &y, 0.0);
+        let want_rest = zeroed.sum_dim_intlist([-1].as_slice(), false, Kind::Float);
+        let want_p = zeroed.scatter(
+            1,
+            &y,
+            &want_rest.view([-1, 1]).neg().to_kind(Kind::BFloat16),
+        );
+
+        let mut got_p = z.copy();
+        let before = kernels::launches();
+        let got = tch::no_grad(|| kernels::softmax_xent(&mut got_p, &labels))
+            .expect("the kernel applies to contiguous bf16 rows");
+        assert_eq!(kernels::launches(), before + 1);
+        assert_close(&format!("p ({rows}x{v})"), &got_p, &want_p);
+        let rel = |a: &Tensor, b: &Tensor| {
+            ((a - b).abs() / b.abs().clamp_min(1e-12))
+                .max()
+                .double_value(&[])
+        };
+        assert!(rel(&got.rest, &want_rest) < 1e-2, "rest ({rows}x{v})");
+        assert!(
+            rel(&got.p_label, &want_py) < 1e-2,
+            "p at the label ({rows}x{v})"
+        );
+        // the argmax: ATen's index, or an index whose p ties ATen's maximum to one bf16 step
+        let same = got
+            .argmax
+            .eq_tensor(&want_arg)
+            .to_kind(Kind::Float)
+            .mean(Kind::Float);
+        assert!(
+            same.double_value(&[]) >= 0.95,
+            "argmax agrees on too few rows"
+        );
+        let at_got = p
+            .gather(1, &got.argmax.view([-1, 1]), false)
+            .to_kind(Kind::Float);
+        let best = p.amax([-1].as_slice(), true).to_kind(Kind::Float);
+        let short = (&best - &at_got).max().double_value(&[]);
+        assert!(
+            short <= best.max().double_value(&[]) / 128.0,
+            "the kernel's argmax is {short} below the row's maximum"
+        );
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn the_fused_loss_with_the_kernel_matches_the_aten_path() {
+    let _g = lock();
+    let dev = cuda();
+    let (b, n, bs, h, v) = (2, 5, 4, 64, 1000);
+    let hidden = randn(&[b, n * bs, h], 30);
+    let head = randn(&[v, h], 31) * 0.3;
+    let labels = Tensor::randint(v, [b, n, bs], (Kind::Int64, dev));
+    let m = Tensor::rand([b, n, bs], (Kind::Float, dev))
+        .gt(0.2)
+        .to_kind(Kind::Float);
+    let w = Tensor::rand([b, n, bs], (Kind::Float, dev)) + 0.5;
+    let run = |fused: bool| {
+        kernels::set_enabled(fused);
+        let x = hidden.detach().set_requires_grad(true);
+        let before = kernels::launches();
+        let out = objective::weighted_ce_fused(&x, &head, &labels, &m, &w, 2);
+        let launched = kernels::launches() - before;
+        out.loss.backward();
+        (out.loss.double_value(&[]), x.grad(), out.correct, launched)
+    };
+    let (loss_aten, grad_aten, correct_aten, n_aten) = run(false);
+    let (loss_fused, grad_fused, correct_fused, n_fused) = run(true);
+    kernels::set_enabled(true);
+    assert_eq!(n_aten, 0);
+    assert_eq!(
+        n_fused, 3,
+        "one launch per chunk of two blocks over five blocks"
+    );
+    assert!(
+        (loss_fused - loss_aten).abs() <= 1e-3 * loss_aten.abs(),
+        "loss {loss_fused} against ATen's {loss_aten}"
+    );
+    assert_close("input gradient", &grad_fused, &grad_aten);
+    let same = correct_fused
+        .eq_tensor(&correct_aten)
+        .to_kind(Kind::Float)
+        .mean(Kind::Float);
+    assert!(same.double_value(&[]) >= 0.97);
+}
+
+/// ||got - want|| / ||want||.
+fn rel_norm(got: &Tensor, want: &Tensor) -> f64 {
+    let (g, w) = (got.to_kind(Kind::Float), want.to_kind(Kind::Float));
+    (&g - &w).norm().double_value(&[]) / w.norm().double_value(&[]).max(1e-30)
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn norm_rope_under_autograd_matches_atens_gradients() {
+    let _g = lock();
+    let dev = cuda();
+    // 8400 rows: more than the backward's grid (4 blocks of 8 warps per SM) covers in one sweep
+    for (b, l, heads, d) in [
+        (2, 37, 3, 64),
+        (2, 37, 3, 128),
+        (1, 2100, 4, 128),
+        (2, 37, 3, 256),
+    ] {
+        let x0 = randn(&[b, l, heads, d], 40) * 3.0;
+        let w0 = randn(&[d], 41) * 0.5 + 1.0;
+        let dy = randn(&[b, l, heads, d], 42);
+        let positions = Tensor::arange(l + 8, (Kind::Int64, dev))
+            .unsqueeze(0)
+            .repeat([b, 1]);
+        let rope = Rope::new(&positions, d, 10_000.0, Kind::BFloat16).narrow(8, l);
+        let grads = |fused: bool| {
+            kernels::set_enabled(fused);
+            let x = x0.detach().set_requires_grad(true);
+            let w = w0.detach().set_requires_grad(true);
+            let before = kernels::launches();
+            let y = match fused {
+                true => kernels::norm_rope(&x, Some(&w), &rope.cos, &rope.sin, 1e-6)
+                    .expect("the fused path applies under autograd with a weight"),
+                false => rope.apply(&x.rms_norm([d], Some(&w), 1e-6)),
+            };
+            assert_eq!(kernels::launches() - before, u64::from(fused));
+            // y's gradient is dy, transposed in memory as attention hands it back
+            // through heads_first
+            let dy_t = dy.transpose(1, 2).contiguous().transpose(1, 2);
+            (&y * &dy_t).sum(Kind::Float).backward();
+            (y.detach(), x.grad(), w.grad())
+        };
+        let (y_a, dx_a, dw_a) = grads(false);
+        let (y_f, dx_f, dw_f) = grads(true);
+        kernels::set_enabled(true);
+        let what = format!("[{b}, {l}, {heads}, {d}]");
+        assert_close(&format!("y {what}"), &y_f, &y_a);
+        assert_eq!(dx_f.kind(), Kind::BFloat16);
+        assert_eq!(dw_f.kind(), Kind::BFloat16);
+        let (ex, ew) = (rel_norm(&dx_f, &dx_a), rel_norm(&dw_f, &dw_a));
+        assert!(ex < 1e-2, "dx {what}: relative error {ex:.2e}");
+        assert!(ew < 1e-2, "dw {what}: relative error {ew:.2e}");
+        // and against an fp32 reference, the fused gradient is no worse than ATen's
+        let x32 = x0.to_kind(Kind::Float).set_requires_grad(true);
+        let w32 = w0.to_kind(Kind::Float).set_requires_grad(true);
+        let r32 = Rope::new(&positions, d, 10_000.0, Kind::Float).narrow(8, l);
+        (r32.apply(&x32.rms_norm([d], Some(&w32), 1e-6)) * dy.to_kind(Kind::Float))
+            .sum(Kind::Float)
+            .backward();
+        let (fx, ax) = (rel_norm(&dx_f, &x32.grad()), rel_norm(&dx_a, &x32.grad()));
+        assert!(
+            fx <= 1.5 * ax + 1e-3,
+            "dx {what}: {fx:.2e} from fp32, ATen's {ax:.2e}"
+        );
     }
 }

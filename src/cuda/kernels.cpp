@@ -14,6 +14,7 @@
 #include <nvrtc.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <map>
@@ -148,9 +149,21 @@ std::string cu_error(CUresult r) {
   return s ? s : ("CUresult " + std::to_string(static_cast<int>(r)));
 }
 
-enum Kernel { NORM_ROPE_C2, NORM_ROPE_C4, NORM_ROPE_C8, ADD_RMS_NORM, SILU_MUL, KERNEL_COUNT };
-const char* kernel_names[KERNEL_COUNT] = {"norm_rope_c2", "norm_rope_c4", "norm_rope_c8",
-                                          "add_rms_norm", "silu_mul"};
+enum Kernel {
+  NORM_ROPE_C2,
+  NORM_ROPE_C4,
+  NORM_ROPE_C8,
+  NORM_ROPE_BWD_C2,
+  NORM_ROPE_BWD_C4,
+  NORM_ROPE_BWD_C8,
+  ADD_RMS_NORM,
+  SILU_MUL,
+  SOFTMAX_XENT,
+  KERNEL_COUNT
+};
+const char* kernel_names[KERNEL_COUNT] = {"norm_rope_c2",     "norm_rope_c4",     "norm_rope_c8",
+                                          "norm_rope_bwd_c2", "norm_rope_bwd_c4", "norm_rope_bwd_c8",
+                                          "add_rms_norm",     "silu_mul",         "softmax_xent"};
 
 struct Module {
   CUfunction fn[KERNEL_COUNT] = {};
@@ -210,18 +223,27 @@ int launch(int device, Kernel k, unsigned grid, unsigned block, void** args) {
 
 bool aligned16(const at::Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0; }
 
-// The fused path serves bf16 CUDA tensors of one device, outside autograd.
-bool applies(std::initializer_list<const at::Tensor*> ts) {
+// The kernels serve bf16 CUDA tensors of one device.
+bool serves(std::initializer_list<const at::Tensor*> ts) {
   const at::Tensor* first = *ts.begin();
   if (!first->is_cuda()) return false;
   for (const at::Tensor* t : ts) {
     if (!t->defined() || !t->is_cuda() || t->scalar_type() != at::kBFloat16 ||
         t->device() != first->device() || !aligned16(*t))
       return false;
-    if (at::GradMode::is_enabled() && t->requires_grad()) return false;
   }
   return true;
 }
+
+bool needs_grad(std::initializer_list<const at::Tensor*> ts) {
+  if (!at::GradMode::is_enabled()) return false;
+  for (const at::Tensor* t : ts)
+    if (t->defined() && t->requires_grad()) return true;
+  return false;
+}
+
+// The fused path without a backward: bf16 CUDA tensors of one device, outside autograd.
+bool applies(std::initializer_list<const at::Tensor*> ts) { return serves(ts) && !needs_grad(ts); }
 
 constexpr unsigned WARPS_PER_BLOCK = 4;
 
@@ -265,43 +287,142 @@ int dflash_kernels_prepare(int device) {
   KERNEL_TRY({ return module_for(device) != nullptr ? 0 : -1; })
 }
 
+}  // extern "C"
+
+namespace {
+// The layouts norm_rope serves: x [B, L, heads, D] contiguous, D in {64, 128, 256}; cos,
+// sin [B, L, 1, D] with D contiguous and 16-byte aligned rows; weight [D] contiguous.
+bool norm_rope_layout(const at::Tensor& x, const at::Tensor* w, const at::Tensor& c, const at::Tensor& s) {
+  if (!(w ? serves({&x, &c, &s, w}) : serves({&x, &c, &s}))) return false;
+  if (x.dim() != 4 || c.dim() != 4 || s.dim() != 4 || !x.is_contiguous()) return false;
+  const int64_t b = x.size(0), l = x.size(1), d = x.size(3);
+  if (d != 64 && d != 128 && d != 256) return false;
+  for (const at::Tensor* t : {&c, &s}) {
+    if (t->size(0) != b || t->size(1) != l || t->size(2) != 1 || t->size(3) != d || t->stride(3) != 1 ||
+        t->stride(1) != c.stride(1) || t->stride(1) % 8 != 0 ||
+        (b > 1 && (t->stride(0) != c.stride(0) || t->stride(0) % 8 != 0)))
+      return false;
+  }
+  return !w || (w->dim() == 1 && w->size(0) == d && w->is_contiguous());
+}
+
+Kernel by_width(int64_t d, Kernel c2, Kernel c4, Kernel c8) { return d == 64 ? c2 : d == 128 ? c4 : c8; }
+
+// Runs norm_rope on a layout norm_rope_layout accepted; 0 or a negative code.
+int norm_rope_run(const at::Tensor& x, const at::Tensor* w, const at::Tensor& c, const at::Tensor& s, double eps,
+                  at::Tensor* out) {
+  const int64_t b = x.size(0), l = x.size(1), heads = x.size(2), d = x.size(3);
+  c10::cuda::CUDAGuard guard(x.device());
+  auto y = at::empty_like(x);
+  if (x.numel() > 0) {
+    const void* xp = x.data_ptr();
+    void* yp = y.data_ptr();
+    const void* wp = w ? w->data_ptr() : nullptr;
+    const void* cp = c.data_ptr();
+    const void* sp = s.data_ptr();
+    long long rows = b * l * heads;
+    int h = static_cast<int>(heads);
+    long long seq = l, sb = c.stride(0), sl = c.stride(1);
+    float e = static_cast<float>(eps);
+    void* args[] = {&xp, &yp, &wp, &cp, &sp, &rows, &h, &seq, &sb, &sl, &e};
+    Kernel k = by_width(d, NORM_ROPE_C2, NORM_ROPE_C4, NORM_ROPE_C8);
+    int rc = launch(x.get_device(), k, blocks_for_rows(rows), WARPS_PER_BLOCK * 32, args);
+    if (rc != 0) return rc;
+  }
+  *out = std::move(y);
+  return 0;
+}
+
+// norm_rope's backward with a weight: (dx, dw) from dy and the forward's inputs.
+int norm_rope_backward_run(const at::Tensor& dy_, const at::Tensor& x, const at::Tensor& w, const at::Tensor& c,
+                           const at::Tensor& s, double eps, at::Tensor* dx_out, at::Tensor* dw_out) {
+  at::Tensor dy = dy_.to(x.scalar_type()).contiguous();
+  if (!aligned16(dy)) dy = dy.clone();
+  const int64_t b = x.size(0), l = x.size(1), heads = x.size(2), d = x.size(3);
+  c10::cuda::CUDAGuard guard(x.device());
+  auto dx = at::empty_like(x);
+  auto dw = at::zeros({d}, x.options().dtype(at::kFloat));
+  const long long rows = b * l * heads;
+  if (rows > 0) {
+    const int device = x.get_device();
+    int sms = 0;
+    if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess || sms <= 0) {
+      cudaGetLastError();
+      sms = 32;
+    }
+    constexpr int warps = 8;
+    const long long wanted = (rows + warps - 1) / warps;
+    const unsigned grid = static_cast<unsigned>(std::min<long long>(wanted, 4ll * sms));
+    const void* dyp = dy.data_ptr();
+    const void* xp = x.data_ptr();
+    const void* wp = w.data_ptr();
+    const void* cp = c.data_ptr();
+    const void* sp = s.data_ptr();
+    void* dxp = dx.data_ptr();
+    void* dwp = dw.data_ptr();
+    long long n = rows;
+    int h = static_cast<int>(heads);
+    long long seq = l, sb = c.stride(0), sl = c.stride(1);
+    float e = static_cast<float>(eps);
+    void* args[] = {&dyp, &xp, &wp, &cp, &sp, &dxp, &dwp, &n, &h, &seq, &sb, &sl, &e};
+    Kernel k = by_width(d, NORM_ROPE_BWD_C2, NORM_ROPE_BWD_C4, NORM_ROPE_BWD_C8);
+    int rc = launch(device, k, grid, warps * 32, args);
+    if (rc != 0) return rc;
+  }
+  *dx_out = std::move(dx);
+  *dw_out = dw.to(w.scalar_type());
+  return 0;
+}
+
+// rope(rms_norm(x) * w) under autograd: the fused kernel forward and backward.
+struct NormRopeFn : public torch::autograd::Function<NormRopeFn> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, at::Tensor x, at::Tensor w, at::Tensor c,
+                            at::Tensor s, double eps) {
+    at::Tensor y;
+    if (norm_rope_run(x, &w, c, s, eps, &y) != 0) throw std::runtime_error(kernel_error);
+    ctx->save_for_backward({x, w});
+    ctx->saved_data["cos"] = c;
+    ctx->saved_data["sin"] = s;
+    ctx->saved_data["eps"] = eps;
+    return y;
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    auto saved = ctx->get_saved_variables();
+    const at::Tensor c = ctx->saved_data["cos"].toTensor();
+    const at::Tensor s = ctx->saved_data["sin"].toTensor();
+    const double eps = ctx->saved_data["eps"].toDouble();
+    at::Tensor dx, dw;
+    if (norm_rope_backward_run(grads[0], saved[0], saved[1], c, s, eps, &dx, &dw) != 0)
+      throw std::runtime_error(kernel_error);
+    return {dx, dw, at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+}  // namespace
+
+extern "C" {
+
 // y = rope(rms_norm(x) * weight), or rope(x) when weight is null. x: [B, L, heads, D]
-// contiguous, D in {64, 128, 256}; cos, sin: [B, L, 1, D] with D contiguous.
+// contiguous, D in {64, 128, 256}; cos, sin: [B, L, 1, D] with D contiguous. Under
+// autograd (x or the weight requiring a gradient) only with a weight, as a node whose
+// backward is norm_rope_bwd; the tables must not require one.
 int dflash_norm_rope(void* x_, void* weight_, void* cos_, void* sin_, double eps, void** out) {
   KERNEL_TRY({
     const at::Tensor& x = *static_cast<at::Tensor*>(x_);
     const at::Tensor& c = *static_cast<at::Tensor*>(cos_);
     const at::Tensor& s = *static_cast<at::Tensor*>(sin_);
     const at::Tensor* w = weight_ ? static_cast<at::Tensor*>(weight_) : nullptr;
-    if (!(w ? applies({&x, &c, &s, w}) : applies({&x, &c, &s}))) return 1;
-    if (x.dim() != 4 || c.dim() != 4 || s.dim() != 4 || !x.is_contiguous()) return 1;
-    const int64_t b = x.size(0), l = x.size(1), heads = x.size(2), d = x.size(3);
-    if (d != 64 && d != 128 && d != 256) return 1;
-    for (const at::Tensor* t : {&c, &s}) {
-      if (t->size(0) != b || t->size(1) != l || t->size(2) != 1 || t->size(3) != d || t->stride(3) != 1 ||
-          t->stride(1) != c.stride(1) || t->stride(1) % 8 != 0 ||
-          (b > 1 && (t->stride(0) != c.stride(0) || t->stride(0) % 8 != 0)))
-        return 1;
+    if (!norm_rope_layout(x, w, c, s)) return 1;
+    if (needs_grad({&c, &s})) return 1;
+    if (needs_grad({&x}) || (w && needs_grad({w}))) {
+      if (!w) return 1;
+      *out = new at::Tensor(NormRopeFn::apply(x, *w, c, s, eps));
+      return 0;
     }
-    if (w && (w->dim() != 1 || w->size(0) != d || !w->is_contiguous())) return 1;
-    const int device = x.get_device();
-    c10::cuda::CUDAGuard guard(x.device());
-    auto y = at::empty_like(x);
-    if (x.numel() > 0) {
-      const void* xp = x.data_ptr();
-      void* yp = y.data_ptr();
-      const void* wp = w ? w->data_ptr() : nullptr;
-      const void* cp = c.data_ptr();
-      const void* sp = s.data_ptr();
-      long long rows = b * l * heads;
-      int h = static_cast<int>(heads);
-      long long seq = l, sb = c.stride(0), sl = c.stride(1);
-      float e = static_cast<float>(eps);
-      void* args[] = {&xp, &yp, &wp, &cp, &sp, &rows, &h, &seq, &sb, &sl, &e};
-      Kernel k = d == 64 ? NORM_ROPE_C2 : d == 128 ? NORM_ROPE_C4 : NORM_ROPE_C8;
-      int rc = launch(device, k, blocks_for_rows(rows), WARPS_PER_BLOCK * 32, args);
-      if (rc != 0) return rc;
-    }
+    at::Tensor y;
+    int rc = norm_rope_run(x, w, c, s, eps, &y);
+    if (rc != 0) return rc;
     *out = new at::Tensor(std::move(y));
     return 0;
   })
@@ -362,6 +483,45 @@ int dflash_silu_mul(void* gate_, void* up_, void** out) {
       if (rc != 0) return rc;
     }
     *out = new at::Tensor(std::move(y));
+    return 0;
+  })
+}
+
+// The loss's pass over `logits` [R, V] (bf16, contiguous, V a multiple of 8), in place:
+// each row becomes softmax(row) in bf16 with its label entry set to -rest; writes
+// p_label [R] (fp32), rest [R] (fp32, the sum of the other entries) and argmax [R]
+// (int64). labels: R int64 values.
+int dflash_softmax_xent(void* logits_, void* labels_, void** p_label_out, void** rest_out, void** argmax_out) {
+  KERNEL_TRY({
+    at::Tensor& z = *static_cast<at::Tensor*>(logits_);
+    const at::Tensor& y = *static_cast<at::Tensor*>(labels_);
+    if (!applies({&z})) return 1;
+    if (z.dim() != 2 || !z.is_contiguous() || z.size(1) % 8 != 0 || z.size(1) == 0) return 1;
+    if (!y.is_cuda() || y.device() != z.device() || y.scalar_type() != at::kLong || !y.is_contiguous() ||
+        y.numel() != z.size(0))
+      return 1;
+    if (at::GradMode::is_enabled() && (z.requires_grad() || y.requires_grad())) return 1;
+    c10::cuda::CUDAGuard guard(z.device());
+    const int64_t rows = z.size(0);
+    auto f32 = z.options().dtype(at::kFloat);
+    auto p_label = at::empty({rows}, f32);
+    auto rest = at::empty({rows}, f32);
+    auto argmax = at::empty({rows}, z.options().dtype(at::kLong));
+    if (rows > 0) {
+      void* zp = z.data_ptr();
+      const void* yp = y.data_ptr();
+      long long v = z.size(1);
+      void* pp = p_label.data_ptr();
+      void* rp = rest.data_ptr();
+      void* ap = argmax.data_ptr();
+      void* args[] = {&zp, &yp, &v, &pp, &rp, &ap};
+      if (rows > 0x7fffffff) return 1;
+      int rc = launch(z.get_device(), SOFTMAX_XENT, static_cast<unsigned>(rows), 512, args);
+      if (rc != 0) return rc;
+    }
+    *p_label_out = new at::Tensor(std::move(p_label));
+    *rest_out = new at::Tensor(std::move(rest));
+    *argmax_out = new at::Tensor(std::move(argmax));
     return 0;
   })
 }

@@ -1,11 +1,17 @@
-// Fused bf16 kernels of the frozen target's forward pass, compiled at run time with NVRTC
-// (src/cuda/kernels.cpp) for the device in use. Each replaces a chain of ATen kernels
-// that reads and writes the whole activation once per link:
+// Fused bf16 kernels of the target's forward pass, the drafter's per-head norms and the
+// loss, compiled at run time with NVRTC (src/cuda/kernels.cpp) for the device in use.
+// Each replaces a chain of ATen kernels that reads and writes the whole activation once
+// per link:
 //
 //   norm_rope_cN  per-head RMSNorm (optional) and rotary embedding of q or k:
 //                 rms_norm, mul, roll, addcmul (four passes) -> one
+//   norm_rope_bwd_cN  its backward with a weight (the drafter's): mul, roll, mul, add,
+//                 rms_norm's backward and its weight-gradient kernel -> one
 //   add_rms_norm  residual sum and the next RMSNorm: add, rms_norm (two) -> one
 //   silu_mul      SwiGLU's silu(gate) * up: silu, mul (two) -> one
+//   softmax_xent  the drafter loss's pass over a chunk of logits (no autograd there):
+//                 softmax, argmax, gather, scatter, sum (five passes) -> two reads, one
+//                 write
 //
 // Every kernel rounds to bf16 where the ATen chain does (each ATen kernel rounds its
 // output), so the results equal ATen's up to the order of fp32 sums: the loss curves do
@@ -114,6 +120,83 @@ NORM_ROPE(2)
 NORM_ROPE(4)
 NORM_ROPE(8)
 
+// The backward of norm_rope with a weight: given dy (rows x D, contiguous), x, w and the
+// tables, dx (rows x D) and the weight's gradient summed into dw (D floats, zeroed by the
+// caller). Rounds where ATen's backward of the chain does: each rotary half-gradient
+// (dy * cos, dy * sin rolled back) and their sum to bf16, then rms_norm's backward in fp32
+// from x, rounded once. Warps stride over the rows; each keeps its lanes' share of dw in
+// registers, the block sums its warps' shares in shared memory and adds them to dw once
+// (ATen's weight-gradient kernel runs ceil(D / 32) blocks: 4 for D = 128).
+template <int C>
+__device__ __forceinline__ void norm_rope_bwd(const bf16_t* __restrict__ dy,
+                                              const bf16_t* __restrict__ x,
+                                              const bf16_t* __restrict__ w,
+                                              const bf16_t* __restrict__ cs,
+                                              const bf16_t* __restrict__ sn, bf16_t* __restrict__ dx,
+                                              float* __restrict__ dw, long long rows, int heads,
+                                              long long seq, long long tab_sb, long long tab_sl,
+                                              float eps) {
+  const int D = 32 * C;
+  __shared__ float part[8 * 256];  // blockDim.x <= 256: up to 8 warps of D <= 256 values
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  float g[C], acc[C];
+  load<C>(w + lane * C, g);
+#pragma unroll
+  for (int j = 0; j < C; ++j) acc[j] = 0.f;
+  for (long long row = (long long)blockIdx.x * warps + warp; row < rows;
+       row += (long long)gridDim.x * warps) {
+    float d[C], v[C], c[C], s[C];
+    load<C>(dy + row * D + lane * C, d);
+    load<C>(x + row * D + lane * C, v);
+    const long long tok = row / heads;
+    const long long b = tok / seq;
+    const long long off = b * tab_sb + (tok - b * seq) * tab_sl + lane * C;
+    load<C>(cs + off, c);
+    load<C>(sn + off, s);
+    // rotary: du[j] = dy[j] * cos[j] + dy[p] * sin[p], p the partner D/2 away
+    float ss = 0.f;
+#pragma unroll
+    for (int j = 0; j < C; ++j) {
+      const float from_partner = __shfl_xor_sync(0xffffffffu, rnd(d[j] * s[j]), 16);
+      d[j] = rnd(rnd(d[j] * c[j]) + from_partner);
+      ss += v[j] * v[j];
+    }
+    // rms_norm: n = x * rstd; dx = rstd * (du*w - n * mean(du*w*n)); dw += du * n
+    const float rstd = rsqrtf(warp_sum(ss) / D + eps);
+    float dot = 0.f;
+#pragma unroll
+    for (int j = 0; j < C; ++j) {
+      v[j] *= rstd;
+      acc[j] += d[j] * v[j];
+      d[j] *= g[j];
+      dot += d[j] * v[j];
+    }
+    dot = warp_sum(dot) / D;
+#pragma unroll
+    for (int j = 0; j < C; ++j) d[j] = rstd * (d[j] - v[j] * dot);
+    store<C>(dx + row * D + lane * C, d);
+  }
+#pragma unroll
+  for (int j = 0; j < C; ++j) part[warp * D + lane * C + j] = acc[j];
+  __syncthreads();
+  for (int i = threadIdx.x; i < D; i += blockDim.x) {
+    float t = 0.f;
+    for (int k = 0; k < warps; ++k) t += part[k * D + i];
+    atomicAdd(dw + i, t);
+  }
+}
+
+#define NORM_ROPE_BWD(C)                                                                          \
+  extern "C" __global__ void norm_rope_bwd_c##C(                                                 \
+      const bf16_t* dy, const bf16_t* x, const bf16_t* w, const bf16_t* cs, const bf16_t* sn,     \
+      bf16_t* dx, float* dw, long long rows, int heads, long long seq, long long tab_sb,          \
+      long long tab_sl, float eps) {                                                              \
+    norm_rope_bwd<C>(dy, x, w, cs, sn, dx, dw, rows, heads, seq, tab_sb, tab_sl, eps);            \
+  }
+NORM_ROPE_BWD(2)
+NORM_ROPE_BWD(4)
+NORM_ROPE_BWD(8)
+
 // s = a + b (rounded, as ATen's add) and y = rms_norm(s) * w, one warp per row of H
 // values (H a multiple of 8). The second pass re-reads the sums this thread wrote.
 extern "C" __global__ void add_rms_norm(const bf16_t* __restrict__ a, const bf16_t* __restrict__ b,
@@ -158,4 +241,122 @@ extern "C" __global__ void silu_mul(const bf16_t* __restrict__ g, const bf16_t* 
 #pragma unroll
   for (int j = 0; j < 8; ++j) vg[j] = rnd(vg[j] / (1.0f + expf(-vg[j]))) * vu[j];
   store<8>(y + i * 8, vg);
+}
+
+// Block-wide reductions over blockDim.x threads (a multiple of 32, at most 1024); every
+// thread gets the result. `scratch` holds 32 entries.
+__device__ __forceinline__ float block_sum(float v, float* scratch) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  v = warp_sum(v);
+  __syncthreads();
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  v = lane < warps ? scratch[lane] : 0.f;
+  return warp_sum(v);
+}
+
+// (max, sum of exp(x - max)) pairs, merged; a pair with no values is (-inf, 0).
+__device__ __forceinline__ void lse_merge(float& m, float& s, float m2, float s2) {
+  if (s2 == 0.f) return;
+  if (s == 0.f) {
+    m = m2;
+    s = s2;
+    return;
+  }
+  const float mm = fmaxf(m, m2);
+  s = s * expf(m - mm) + s2 * expf(m2 - mm);
+  m = mm;
+}
+
+// (value, index) of the largest value, the first index on ties (as ATen's argmax).
+__device__ __forceinline__ void arg_merge(float& v, long long& i, float v2, long long i2) {
+  if (v2 > v || (v2 == v && i2 < i)) {
+    v = v2;
+    i = i2;
+  }
+}
+
+// The loss's pass over one chunk of logits, one block per row of v values (v a multiple
+// of 8), in place: the row becomes p = softmax(z) in bf16 (ATen's bf16 softmax: fp32
+// max and sum, exp(z - max) / sum rounded once), except that p's label entry becomes
+// -rest, the loss's gradient there; `p_label` gets p at the label, `rest` the fp32 sum of
+// the other entries of p, `argmax` the first index of p's largest entry (ATen's argmax of
+// p). Two reads and one write of the row instead of ATen's softmax, argmax, gather,
+// scatter and sum (five passes).
+extern "C" __global__ void softmax_xent(bf16_t* __restrict__ z, const long long* __restrict__ labels,
+                                        long long v, float* __restrict__ p_label,
+                                        float* __restrict__ rest, long long* __restrict__ argmax) {
+  __shared__ float scratch[32];
+  __shared__ float scratch_m[32];
+  __shared__ long long scratch_i[32];
+  __shared__ float shared_py;
+  const long long row = blockIdx.x;
+  bf16_t* r = z + row * v;
+  const long long y = labels[row];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  if (threadIdx.x == 0) shared_py = 0.f;
+  // 1. max and sum of exp, online
+  float m = __int_as_float(0xff800000), s = 0.f;
+  for (long long i = threadIdx.x * 8ll; i < v; i += blockDim.x * 8ll) {
+    float x[8];
+    load<8>(r + i, x);
+    float mx = x[0];
+#pragma unroll
+    for (int j = 1; j < 8; ++j) mx = fmaxf(mx, x[j]);
+    float sx = 0.f;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) sx += expf(x[j] - mx);
+    lse_merge(m, s, mx, sx);
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const float m2 = __shfl_xor_sync(0xffffffffu, m, o), s2 = __shfl_xor_sync(0xffffffffu, s, o);
+    lse_merge(m, s, m2, s2);
+  }
+  if (lane == 0) {
+    scratch_m[warp] = m;
+    scratch[warp] = s;
+  }
+  __syncthreads();
+  m = __int_as_float(0xff800000);
+  s = 0.f;
+  for (int w = 0; w < warps; ++w) lse_merge(m, s, scratch_m[w], scratch[w]);
+  __syncthreads();
+  // 2. p, its argmax and the sum of the non-label entries
+  float best = -1.f, acc = 0.f;
+  long long best_i = 0;
+  for (long long i = threadIdx.x * 8ll; i < v; i += blockDim.x * 8ll) {
+    float x[8];
+    load<8>(r + i, x);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      x[j] = rnd(expf(x[j] - m) / s);
+      arg_merge(best, best_i, x[j], i + j);
+      if (i + j == y) {
+        shared_py = x[j];
+      } else {
+        acc += x[j];
+      }
+    }
+    store<8>(r + i, x);
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const float b2 = __shfl_xor_sync(0xffffffffu, best, o);
+    const long long i2 = __shfl_xor_sync(0xffffffffu, best_i, o);
+    arg_merge(best, best_i, b2, i2);
+  }
+  if (lane == 0) {
+    scratch_m[warp] = best;
+    scratch_i[warp] = best_i;
+  }
+  const float total = block_sum(acc, scratch);  // its barriers order the writes above
+  if (threadIdx.x == 0) {
+    for (int w = 1; w < warps; ++w) arg_merge(best, best_i, scratch_m[w], scratch_i[w]);
+    // scratch_m[0] is warp 0's, which is thread 0's own after the shuffles
+    rest[row] = total;
+    p_label[row] = shared_py;
+    argmax[row] = best_i;
+    if (y >= 0 && y < v) r[y] = (bf16_t)f2bf(-total);
+  }
 }

@@ -53,6 +53,13 @@ mod ffi {
             normed: *mut *mut c_void,
         ) -> c_int;
         pub fn dflash_silu_mul(gate: *mut c_void, up: *mut c_void, out: *mut *mut c_void) -> c_int;
+        pub fn dflash_softmax_xent(
+            logits: *mut c_void,
+            labels: *mut c_void,
+            p_label: *mut *mut c_void,
+            rest: *mut *mut c_void,
+            argmax: *mut *mut c_void,
+        ) -> c_int;
     }
 }
 
@@ -222,6 +229,51 @@ pub fn silu_mul(gate: &Tensor, up: &Tensor) -> Option<Tensor> {
     })?;
     // SAFETY: written by the shim on success.
     Some(unsafe { take(out) })
+}
+
+/// What [`softmax_xent`] gives per row, each `[R]`.
+#[derive(Debug)]
+pub struct XentRows {
+    /// p at the label (fp32).
+    pub p_label: Tensor,
+    /// The fp32 sum of p's other entries.
+    pub rest: Tensor,
+    /// The first index of p's largest entry.
+    pub argmax: Tensor,
+}
+
+/// The fused loss's pass over `logits` `[R, V]` (bf16), **in place**: each row becomes
+/// `softmax(row)` in bf16 with its label entry set to `-rest` (the loss's gradient with
+/// respect to the logits there, up to the row's scale), so the input gradient is one GEMM
+/// away. `labels`: `R` int64 ids. One kernel instead of softmax, argmax, gather, scatter
+/// and sum.
+pub fn softmax_xent(logits: &mut Tensor, labels: &Tensor) -> Option<XentRows> {
+    let (mut p_label, mut rest, mut argmax) = (
+        std::ptr::null_mut(),
+        std::ptr::null_mut(),
+        std::ptr::null_mut(),
+    );
+    run("softmax_xent", || {
+        // SAFETY: live tensors, `logits` borrowed mutably for the in-place write; the shim
+        // writes the three outputs only when it returns 0.
+        unsafe {
+            ffi::dflash_softmax_xent(
+                ptr(logits),
+                ptr(labels),
+                &mut p_label,
+                &mut rest,
+                &mut argmax,
+            )
+        }
+    })?;
+    // SAFETY: written by the shim on success.
+    Some(unsafe {
+        XentRows {
+            p_label: take(p_label),
+            rest: take(rest),
+            argmax: take(argmax),
+        }
+    })
 }
 
 #[cfg(test)]

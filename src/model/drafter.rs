@@ -11,7 +11,9 @@ use tch::nn::{self, Module};
 use tch::Tensor;
 
 use super::error::ModelError;
-use super::layers::{attention, heads_first, merge_heads, split_heads, Linear, Mlp, RmsNorm, Rope};
+use super::layers::{
+    attention, heads_first, merge_heads, norm_rope, split_heads, Linear, Mlp, RmsNorm, Rope,
+};
 use super::objective::GroupedMask;
 use super::target_config::TargetConfig;
 
@@ -202,27 +204,19 @@ impl DrafterLayer {
         let (s, q_len) = (ctx.size()[1], x.size()[1]);
         // 1. pre-norm; queries from the block only
         let h = self.input_layernorm.forward(x);
-        let q = self.q_norm.forward(&split_heads(
-            &self.q_proj.forward(&h),
-            self.heads,
-            self.head_dim,
-        ));
+        let q = split_heads(&self.q_proj.forward(&h), self.heads, self.head_dim);
         // 2. keys/values from [ctx ; block] with the same projections: (B, S+Q, H)
         let kv_in = Tensor::cat(&[ctx, &h], 1);
-        let k = self.k_norm.forward(&split_heads(
-            &self.k_proj.forward(&kv_in),
-            self.kv_heads,
-            self.head_dim,
-        ));
+        let k = split_heads(&self.k_proj.forward(&kv_in), self.kv_heads, self.head_dim);
         let v = heads_first(&split_heads(
             &self.v_proj.forward(&kv_in),
             self.kv_heads,
             self.head_dim,
         ));
-        // 3. rotary: queries at the block positions, keys at all S+Q positions; then
-        // (B, L, heads, D) -> (B, heads, L, D)
-        let q = heads_first(&rope.narrow(s, q_len).apply(&q));
-        let k = heads_first(&rope.apply(&k));
+        // 3. per-head norms and rotary: queries at the block positions, keys at all S+Q
+        // positions (one fused kernel each way on CUDA); then (B, L, heads, D) -> (B, heads, L, D)
+        let q = heads_first(&norm_rope(&q, Some(&self.q_norm), &rope.narrow(s, q_len)));
+        let k = heads_first(&norm_rope(&k, Some(&self.k_norm), rope));
         // 4. (B, heads, Q, D) -> (B, Q, heads*D) -> (B, Q, H)
         let a = grouped_attention(&q, &k, &v, mask);
         x + self.o_proj.forward(&merge_heads(&a))

@@ -76,7 +76,8 @@ pub fn add_norm(x: &Tensor, y: &Tensor, norm: &RmsNorm) -> (Tensor, Tensor) {
 }
 
 /// Per-head `norm` (where given) then rotary embedding of `xs`, `[B, L, heads, D]`. On
-/// CUDA in bf16 outside autograd, one fused kernel instead of four.
+/// CUDA in bf16, one fused kernel instead of four; under autograd only with a norm (the
+/// drafter's), with a fused backward.
 pub fn norm_rope(xs: &Tensor, norm: Option<&RmsNorm>, rope: &Rope) -> Tensor {
     if xs.device().is_cuda() {
         let (weight, eps) = norm.map_or((None, 0.0), |n| (Some(&n.weight), n.eps));

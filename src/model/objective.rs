@@ -387,16 +387,28 @@ pub fn weighted_ce_fused(
             let logits = hc.matmul(&lm_head.tr());
             let y = labels.narrow(1, start, len).reshape([-1, 1]);
             let sc = scale.narrow(1, start, len).reshape([-1, 1]);
-            let mut p = logits.softmax(-1, logits.kind());
-            drop(logits);
-            correct.push(
-                p.argmax(-1, false)
-                    .eq_tensor(&y.view([-1]))
-                    .view([b, len, bs]),
-            );
-            let p_y = p.gather(1, &y, false).to_kind(Kind::Float);
-            let _ = p.scatter_value_(1, &y, 0.0);
-            let rest = p.sum_dim_intlist([-1].as_slice(), true, Kind::Float);
+            // p = softmax(logits) with the label entry zeroed (ATen) or set to -rest
+            // (the fused kernel, on CUDA in bf16), p_y, rest = the sum of p's other entries
+            let mut p = logits;
+            let (p_y, rest, fused) = match crate::cuda::kernels::softmax_xent(&mut p, &y.view([-1]))
+            {
+                Some(x) => {
+                    correct.push(x.argmax.eq_tensor(&y.view([-1])).view([b, len, bs]));
+                    (x.p_label.view([-1, 1]), x.rest.view([-1, 1]), true)
+                }
+                None => {
+                    p = p.softmax(-1, p.kind());
+                    correct.push(
+                        p.argmax(-1, false)
+                            .eq_tensor(&y.view([-1]))
+                            .view([b, len, bs]),
+                    );
+                    let p_y = p.gather(1, &y, false).to_kind(Kind::Float);
+                    let _ = p.scatter_value_(1, &y, 0.0);
+                    let rest = p.sum_dim_intlist([-1].as_slice(), true, Kind::Float);
+                    (p_y, rest, false)
+                }
+            };
             // -log(p_y), from the side that does not cancel
             let ce = (-&rest).log1p().neg().where_self(
                 &p_y.gt(0.5),
@@ -408,7 +420,9 @@ pub fn weighted_ce_fused(
                 None => part,
             });
             if want_grad {
-                let _ = p.scatter_(1, &y, &rest.neg().to_kind(p.kind()));
+                if !fused {
+                    let _ = p.scatter_(1, &y, &rest.neg().to_kind(p.kind()));
+                }
                 let g = p.matmul(lm_head).to_kind(Kind::Float) * &sc;
                 grads.push(g.to_kind(hidden.kind()).view([b, len, bs, h]));
             }

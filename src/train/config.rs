@@ -60,10 +60,11 @@ pub struct TrainConfig {
     /// logits kept for the backward (the default: the realistic step on the GPU takes 27.1
     /// instead of 37.5 ms, docs/gpu-results.md); false: autograd's fp32 log-softmax path.
     pub fused_loss: bool,
-    /// On CUDA, the frozen target's forward runs our fused bf16 kernels for its per-head
-    /// norms with rotary embedding, residual sums with the next norm, and SwiGLU
-    /// (`src/cuda/kernels.cu`, compiled at start-up) instead of ATen's chains of
-    /// elementwise kernels (the default); false: ATen's kernels. No effect on the CPU.
+    /// On CUDA, our fused bf16 kernels (`src/cuda/kernels.cu`, compiled at start-up) run
+    /// instead of ATen's chains of elementwise kernels (the default): in the frozen
+    /// target's forward, its per-head norms with rotary embedding, residual sums with the
+    /// next norm, and SwiGLU; in the fused loss, the softmax pass over each chunk of
+    /// logits. false: ATen's kernels. No effect on the CPU.
     pub fused_kernels: bool,
     pub drafter_layers: i64,
     /// Target layers tapped; empty: the DFlash formula.

@@ -156,28 +156,33 @@ pub fn run(cfg: TrainConfig, opts: &RunOptions) -> Result<RunReport, TrainError>
     Ok(report)
 }
 
-/// Stops recording, writes `fidelity.json` in the validation mode, and closes the trace;
-/// a trace that could not be written whole is a failed write.
-/// Switches the fused target kernels on or off as configured and, on CUDA, compiles them
-/// for each target device now, so that a failure is said once before training (the
-/// target then runs ATen's kernels).
+/// Switches the fused kernels on or off as configured and, on CUDA, compiles them now for
+/// each device that runs them (the targets' and the drafter's), so that a failure is said
+/// once before training (everything then runs ATen's kernels).
 fn prepare_kernels(plan: &Plan) {
     cuda::kernels::set_enabled(plan.cfg.fused_kernels);
     if !plan.cfg.fused_kernels {
         return;
     }
-    for d in &plan.target_devices {
-        if let Device::Cuda(i) = *d {
+    let mut devices: Vec<Device> = plan.target_devices.clone();
+    if !devices.contains(&plan.drafter_device) {
+        devices.push(plan.drafter_device);
+    }
+    for d in devices {
+        if let Device::Cuda(i) = d {
             if let Err(e) = cuda::kernels::prepare(i) {
                 eprintln!(
-                    "warning: fused target kernels unavailable on cuda:{i} ({e}); the target runs ATen's kernels"
+                    "warning: fused kernels unavailable on cuda:{i} ({e}); using ATen's kernels"
                 );
                 cuda::kernels::set_enabled(false);
+                return;
             }
         }
     }
 }
 
+/// Stops recording, writes `fidelity.json` in the validation mode, and closes the trace;
+/// a trace that could not be written whole is a failed write.
 fn close_trace(
     rec: Recorder,
     plan: &Plan,
