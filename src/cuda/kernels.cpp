@@ -389,6 +389,7 @@ struct NormRopeFn : public torch::autograd::Function<NormRopeFn> {
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
+    if (!grads[0].defined()) return {at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
     auto saved = ctx->get_saved_variables();
     const at::Tensor c = ctx->saved_data["cos"].toTensor();
     const at::Tensor s = ctx->saved_data["sin"].toTensor();
