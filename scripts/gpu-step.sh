@@ -11,14 +11,15 @@
 #
 # Environment: VARIANTS (space-separated NAME[@BIN]:SETTING[,SETTING...]: BIN, another
 # dflash binary to run instead of BIN, for a before/after pair; default
-# "base:fused_loss=false new:fused_loss=true"), REPS (default 2), STEPS (default 60),
+# "aten:fused_kernels=false fused:fused_kernels=true drafter:fused_drafter_kernels=true"),
+# REPS (default 2), STEPS (default 60),
 # DEADLINE and RUN_TIMEOUT as in scripts/gpu-kernels.sh, PEER_EAGER (0: skip the eager
 # peer; default 1).
 set -uo pipefail
 bin="${1:-target/release/dflash}"
 out="${2:-gpu-runs}"
 peer="${3:-}"
-variants="${VARIANTS:-base:fused_loss=false new:fused_loss=true}"
+variants="${VARIANTS:-aten:fused_kernels=false fused:fused_kernels=true drafter:fused_drafter_kernels=true}"
 reps="${REPS:-2}"
 steps="${STEPS:-60}"
 source "$(dirname "${BASH_SOURCE[0]}")/gpu-common.sh"

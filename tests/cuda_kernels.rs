@@ -1,7 +1,8 @@
-//! The fused target kernels (`src/cuda/kernels.cu`) against ATen's chains on a CUDA
-//! device. Ignored by default, since they need a GPU: run them there with
-//! `cargo test --release --test cuda_kernels -- --ignored` (or the built test binary with
-//! `--ignored`). Without a GPU, `src/cuda/kernels.rs` checks that the source compiles.
+//! The fused kernels (`src/cuda/kernels.cu`), the target's and the drafter's, against
+//! ATen's chains on a CUDA device. Ignored by default, since they need a GPU: run them
+//! there with `cargo test --release --test cuda_kernels -- --ignored` (or the built test
+//! binary with `--ignored`). Without a GPU, `src/cuda/kernels.rs` checks that the source
+//! compiles.
 use std::sync::Mutex;
 
 use dflash::cuda::kernels;
@@ -13,8 +14,12 @@ use tch::{Device, Kind, Tensor};
 /// The fused path is a process-wide switch: tests that flip it or count launches hold this.
 static SWITCH: Mutex<()> = Mutex::new(());
 
+/// Takes the switch, with every kernel on (the drafter's are off by default).
 fn lock() -> std::sync::MutexGuard<'static, ()> {
-    SWITCH.lock().unwrap_or_else(|e| e.into_inner())
+    let guard = SWITCH.lock().unwrap_or_else(|e| e.into_inner());
+    kernels::set_enabled(true);
+    kernels::set_drafter_enabled(true);
+    guard
 }
 
 fn cuda() -> Device {
@@ -130,6 +135,13 @@ fn the_kernels_decline_autograd_other_dtypes_and_layouts() {
     assert!(kernels::norm_rope(&x, None, &rope.cos, &rope.sin, 1e-6).is_none());
     let cos_grad = rope.cos.detach().set_requires_grad(true);
     assert!(kernels::norm_rope(&x, Some(&w), &cos_grad, &rope.sin, 1e-6).is_none());
+    // the drafter's kernels switched off: no autograd node, no loss pass
+    kernels::set_drafter_enabled(false);
+    assert!(kernels::norm_rope(&x, Some(&w), &rope.cos, &rope.sin, 1e-6).is_none());
+    let mut z = randn(&[4, 64], 13);
+    assert!(kernels::softmax_xent(&mut z, &Tensor::zeros([4], (Kind::Int64, dev))).is_none());
+    kernels::set_drafter_enabled(true);
+    assert!(kernels::norm_rope(&x, Some(&w), &rope.cos, &rope.sin, 1e-6).is_some());
     let x = x.detach();
     let x32 = x.to_kind(Kind::Float);
     let rope32 = Rope::new(&positions, 64, 10_000.0, Kind::Float);

@@ -271,12 +271,19 @@ void dflash_kernels_set_source(const char* src, size_t len) {
   if (kernel_source.empty()) kernel_source.assign(src, len);
 }
 
-// Compiles `src` for sm_<major><minor> without a device; writes the cubin's size.
+// Compiles `src` for sm_<major><minor> without a device and checks that the image names
+// every kernel of kernel_names; writes the cubin's size.
 int dflash_kernels_compile(const char* src, size_t len, int major, int minor, size_t* size) {
   KERNEL_TRY({
     std::string s(src, len);
     std::vector<char> image;
     if (compile(s.c_str(), major, minor, &image) != 0) return -1;
+    // every kernel the launcher looks up is in the image's symbol names
+    for (const char* name : kernel_names) {
+      std::string sym(name, std::strlen(name) + 1);  // with its terminating NUL
+      if (std::search(image.begin(), image.end(), sym.begin(), sym.end()) == image.end())
+        return fail(std::string("the compiled image has no kernel ") + name);
+    }
     *size = image.size();
     return 0;
   })
@@ -406,9 +413,9 @@ extern "C" {
 
 // y = rope(rms_norm(x) * weight), or rope(x) when weight is null. x: [B, L, heads, D]
 // contiguous, D in {64, 128, 256}; cos, sin: [B, L, 1, D] with D contiguous. Under
-// autograd (x or the weight requiring a gradient) only with a weight, as a node whose
-// backward is norm_rope_bwd; the tables must not require one.
-int dflash_norm_rope(void* x_, void* weight_, void* cos_, void* sin_, double eps, void** out) {
+// autograd (x or the weight requiring a gradient) only with a weight and allow_grad set,
+// as a node whose backward is norm_rope_bwd; the tables must not require one.
+int dflash_norm_rope(void* x_, void* weight_, void* cos_, void* sin_, double eps, int allow_grad, void** out) {
   KERNEL_TRY({
     const at::Tensor& x = *static_cast<at::Tensor*>(x_);
     const at::Tensor& c = *static_cast<at::Tensor*>(cos_);
@@ -417,7 +424,7 @@ int dflash_norm_rope(void* x_, void* weight_, void* cos_, void* sin_, double eps
     if (!norm_rope_layout(x, w, c, s)) return 1;
     if (needs_grad({&c, &s})) return 1;
     if (needs_grad({&x}) || (w && needs_grad({w}))) {
-      if (!w) return 1;
+      if (!w || !allow_grad) return 1;
       *out = new at::Tensor(NormRopeFn::apply(x, *w, c, s, eps));
       return 0;
     }

@@ -46,6 +46,7 @@ mod ffi {
             cos: *mut c_void,
             sin: *mut c_void,
             eps: f64,
+            allow_grad: c_int,
             out: *mut *mut c_void,
         ) -> c_int;
         pub fn dflash_add_rms_norm(
@@ -68,6 +69,7 @@ mod ffi {
 }
 
 static ENABLED: AtomicBool = AtomicBool::new(true);
+static DRAFTER: AtomicBool = AtomicBool::new(false);
 static LAUNCHES: AtomicU64 = AtomicU64::new(0);
 static SOURCE_SET: Once = Once::new();
 
@@ -75,6 +77,18 @@ static SOURCE_SET: Once = Once::new();
 /// from `fused_kernels`).
 pub fn set_enabled(on: bool) {
     ENABLED.store(on, Ordering::Relaxed);
+}
+
+/// Turns the drafter's kernels on or off (`norm_rope` under autograd and `softmax_xent`;
+/// off by default, the trainer sets it from `fused_drafter_kernels`). They also need
+/// [`enabled`].
+pub fn set_drafter_enabled(on: bool) {
+    DRAFTER.store(on, Ordering::Relaxed);
+}
+
+/// Whether the drafter's kernels may run.
+pub fn drafter_enabled() -> bool {
+    DRAFTER.load(Ordering::Relaxed)
 }
 
 /// How many fused kernels this process has launched (for tests and diagnostics).
@@ -107,14 +121,19 @@ fn set_source() {
 }
 
 /// Compiles the kernels for compute capability `major.minor` without a device (NVRTC
-/// alone) and returns the size of the image: a check that the source builds.
+/// alone) and returns the size of the image: a check that the source builds and defines
+/// every kernel the shim launches.
 pub fn compile(major: i32, minor: i32) -> Result<usize> {
+    compile_source(SOURCE, major, minor)
+}
+
+fn compile_source(source: &str, major: i32, minor: i32) -> Result<usize> {
     let mut size = 0usize;
-    // SAFETY: pointer and length of the static source; `size` is a local out-pointer.
+    // SAFETY: pointer and length of a live string; `size` is a local out-pointer.
     let rc = unsafe {
         ffi::dflash_kernels_compile(
-            SOURCE.as_ptr() as *const c_char,
-            SOURCE.len(),
+            source.as_ptr() as *const c_char,
+            source.len(),
             major,
             minor,
             &mut size,
@@ -187,8 +206,9 @@ fn run(op: &str, f: impl FnOnce() -> c_int) -> Option<()> {
 
 /// `rope(rms_norm(x) * weight)`, or `rope(x)` without a weight: `x` is `[B, L, heads, D]`,
 /// the tables `[B, L, 1, D]` (`sin` with its first half negated, as [`crate::model::Rope`]
-/// keeps it). Under autograd (`x` or the weight requiring a gradient) only with a weight:
-/// the result's backward is the fused `norm_rope_bwd` kernel.
+/// keeps it). Under autograd (`x` or the weight requiring a gradient) only with a weight
+/// and the drafter's kernels on ([`set_drafter_enabled`]): the result's backward is the
+/// fused `norm_rope_bwd` kernel.
 pub fn norm_rope(
     x: &Tensor,
     weight: Option<&Tensor>,
@@ -206,6 +226,7 @@ pub fn norm_rope(
                 ptr(cos),
                 ptr(sin),
                 eps,
+                c_int::from(drafter_enabled()),
                 &mut out,
             )
         }
@@ -252,7 +273,11 @@ pub struct XentRows {
 /// respect to the logits there, up to the row's scale), so the input gradient is one GEMM
 /// away. `labels`: `R` int64 ids. One kernel instead of softmax, argmax, gather, scatter
 /// and sum.
+/// Only with the drafter's kernels on ([`set_drafter_enabled`]).
 pub fn softmax_xent(logits: &mut Tensor, labels: &Tensor) -> Option<XentRows> {
+    if !drafter_enabled() {
+        return None;
+    }
     let (mut p_label, mut rest, mut argmax) = (
         std::ptr::null_mut(),
         std::ptr::null_mut(),
@@ -296,6 +321,16 @@ mod tests {
         }
     }
 
+    /// A source that lacks a kernel the shim launches is refused at compile time, not at
+    /// the first launch on a GPU.
+    #[test]
+    fn a_source_without_a_launched_kernel_is_refused() {
+        let renamed = SOURCE.replace("void softmax_xent(", "void softmax_xent_renamed(");
+        assert_ne!(renamed, SOURCE);
+        let err = compile_source(&renamed, 9, 0).expect_err("softmax_xent is missing");
+        assert!(err.to_string().contains("no kernel softmax_xent"), "{err}");
+    }
+
     /// On the CPU (and for other dtypes) every op declines, so callers run ATen.
     #[test]
     fn ops_decline_cpu_tensors() {
@@ -305,6 +340,13 @@ mod tests {
         let w = Tensor::ones([64], (Kind::BFloat16, Device::Cpu));
         assert!(add_rms_norm(&x, &x, &w, 1e-6).is_none());
         assert!(silu_mul(&x, &x).is_none());
+        set_drafter_enabled(true);
+        let mut z = Tensor::ones([2, 64], (Kind::BFloat16, Device::Cpu));
+        let labels = Tensor::zeros([2], (Kind::Int64, Device::Cpu));
+        assert!(softmax_xent(&mut z, &labels).is_none());
+        let xg = x.set_requires_grad(true);
+        assert!(norm_rope(&xg, Some(&w), &t, &t, 1e-6).is_none());
+        set_drafter_enabled(false);
         assert!(enabled(), "declining is not a failure");
     }
 }

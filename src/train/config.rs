@@ -61,11 +61,15 @@ pub struct TrainConfig {
     /// instead of 37.5 ms, docs/gpu-results.md); false: autograd's fp32 log-softmax path.
     pub fused_loss: bool,
     /// On CUDA, our fused bf16 kernels (`src/cuda/kernels.cu`, compiled at start-up) run
-    /// instead of ATen's chains of elementwise kernels (the default): in the frozen
-    /// target's forward, its per-head norms with rotary embedding, residual sums with the
-    /// next norm, and SwiGLU; in the fused loss, the softmax pass over each chunk of
-    /// logits. false: ATen's kernels. No effect on the CPU.
+    /// in the frozen target's forward instead of ATen's chains of elementwise kernels
+    /// (the default): its per-head norms with rotary embedding, residual sums with the next
+    /// norm, and SwiGLU. false: ATen's kernels everywhere. No effect on the CPU.
     pub fused_kernels: bool,
+    /// With `fused_kernels`, also the drafter's: its per-head norms with rotary embedding,
+    /// forward and a fused backward, and the fused loss's softmax pass over each chunk of
+    /// logits. Off by default until a GPU run has checked them against ATen
+    /// (`tests/cuda_kernels.rs`) and timed them.
+    pub fused_drafter_kernels: bool,
     pub drafter_layers: i64,
     /// Target layers tapped; empty: the DFlash formula.
     pub target_layer_ids: Vec<usize>,
@@ -126,6 +130,7 @@ impl Default for TrainConfig {
             attn_group_blocks: 0,
             fused_loss: true,
             fused_kernels: true,
+            fused_drafter_kernels: false,
             drafter_layers: 2,
             target_layer_ids: Vec::new(),
             sliding_layers: 0,
@@ -226,6 +231,7 @@ impl TrainConfig {
             "attn_group_blocks",
             "fused_loss",
             "fused_kernels",
+            "fused_drafter_kernels",
             "drafter_layers",
             "target_layer_ids",
             "sliding_layers",

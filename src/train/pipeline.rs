@@ -157,15 +157,20 @@ pub fn run(cfg: TrainConfig, opts: &RunOptions) -> Result<RunReport, TrainError>
 }
 
 /// Switches the fused kernels on or off as configured and, on CUDA, compiles them now for
-/// each device that runs them (the targets' and the drafter's), so that a failure is said
-/// once before training (everything then runs ATen's kernels).
+/// each device that runs them (the targets', and the drafter's when its kernels are on),
+/// so that a failure is said once before training (everything then runs ATen's kernels).
 fn prepare_kernels(plan: &Plan) {
-    cuda::kernels::set_enabled(plan.cfg.fused_kernels);
-    if !plan.cfg.fused_kernels {
+    let (all, drafter) = (
+        plan.cfg.fused_kernels,
+        plan.cfg.fused_kernels && plan.cfg.fused_drafter_kernels,
+    );
+    cuda::kernels::set_enabled(all);
+    cuda::kernels::set_drafter_enabled(drafter);
+    if !all {
         return;
     }
     let mut devices: Vec<Device> = plan.target_devices.clone();
-    if !devices.contains(&plan.drafter_device) {
+    if drafter && !devices.contains(&plan.drafter_device) {
         devices.push(plan.drafter_device);
     }
     for d in devices {
