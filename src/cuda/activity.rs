@@ -111,14 +111,8 @@ pub struct Activity {
 }
 
 fn last_error() -> String {
-    // SAFETY: activity.cpp returns its NUL-terminated thread-local buffer.
-    unsafe {
-        let p = ffi::dflash_activity_last_error();
-        if p.is_null() {
-            return String::new();
-        }
-        CStr::from_ptr(p).to_string_lossy().into_owned()
-    }
+    // SAFETY: an accessor without arguments.
+    super::shim_text(unsafe { ffi::dflash_activity_last_error() })
 }
 
 fn check(op: &'static str, code: c_int) -> Result<()> {

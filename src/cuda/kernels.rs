@@ -15,7 +15,7 @@
 //! `norm_rope` with a weight has one), and the caller runs the ATen chain. A kernel that
 //! fails to compile or launch is reported once on stderr and the fused path is switched
 //! off for the rest of the process.
-use std::ffi::{c_char, c_int, c_void, CStr};
+use std::ffi::{c_char, c_int, c_void};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Once;
 
@@ -103,14 +103,8 @@ pub fn enabled() -> bool {
 }
 
 fn last_error() -> String {
-    // SAFETY: the shim returns its NUL-terminated thread-local buffer.
-    unsafe {
-        let p = ffi::dflash_kernels_last_error();
-        if p.is_null() {
-            return String::new();
-        }
-        CStr::from_ptr(p).to_string_lossy().into_owned()
-    }
+    // SAFETY: an accessor without arguments.
+    super::shim_text(unsafe { ffi::dflash_kernels_last_error() })
 }
 
 fn set_source() {

@@ -102,15 +102,19 @@ pub enum CudaError {
 
 pub type Result<T, E = CudaError> = std::result::Result<T, E>;
 
-fn last_error() -> String {
-    // SAFETY: the shim returns a pointer to its NUL-terminated thread-local buffer.
-    unsafe {
-        let p = ffi::dflash_cuda_last_error();
-        if p.is_null() {
-            return String::new();
-        }
-        CStr::from_ptr(p).to_string_lossy().into_owned()
+/// The text of a shim's error buffer (each C++ shim keeps a NUL-terminated thread-local
+/// one); empty for null.
+fn shim_text(p: *const c_char) -> String {
+    if p.is_null() {
+        return String::new();
     }
+    // SAFETY: non-null, and the shims return NUL-terminated buffers that outlive the call.
+    unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
+}
+
+fn last_error() -> String {
+    // SAFETY: an accessor without arguments.
+    shim_text(unsafe { ffi::dflash_cuda_last_error() })
 }
 
 fn check(op: &'static str, code: c_int) -> Result<()> {

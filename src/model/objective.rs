@@ -389,20 +389,16 @@ pub fn weighted_ce_fused(
             let sc = scale.narrow(1, start, len).reshape([-1, 1]);
             // p = softmax(logits) with the label entry zeroed (ATen) or set to -rest
             // (the fused kernel, on CUDA in bf16), p_y, rest = the sum of p's other entries
+            let y_flat = y.view([-1]);
             let mut p = logits;
-            let (p_y, rest, fused) = match crate::cuda::kernels::softmax_xent(&mut p, &y.view([-1]))
-            {
+            let (p_y, rest, fused) = match crate::cuda::kernels::softmax_xent(&mut p, &y_flat) {
                 Some(x) => {
-                    correct.push(x.argmax.eq_tensor(&y.view([-1])).view([b, len, bs]));
+                    correct.push(x.argmax.eq_tensor(&y_flat).view([b, len, bs]));
                     (x.p_label.view([-1, 1]), x.rest.view([-1, 1]), true)
                 }
                 None => {
                     p = p.softmax(-1, p.kind());
-                    correct.push(
-                        p.argmax(-1, false)
-                            .eq_tensor(&y.view([-1]))
-                            .view([b, len, bs]),
-                    );
+                    correct.push(p.argmax(-1, false).eq_tensor(&y_flat).view([b, len, bs]));
                     let p_y = p.gather(1, &y, false).to_kind(Kind::Float);
                     let _ = p.scatter_value_(1, &y, 0.0);
                     let rest = p.sum_dim_intlist([-1].as_slice(), true, Kind::Float);
