@@ -197,3 +197,50 @@ fn groups_cover_every_allowed_key_and_are_narrower_than_the_dense_mask() {
         "{keys} of {dense} (query, key) pairs"
     );
 }
+
+#[test]
+fn group_widths_on_the_realistic_shape_take_few_values() {
+    // S 2048, 256 blocks of 16 in groups of 32: whatever the anchors, a group's keys are a
+    // multiple of 256 (or all of the context), so cuDNN sees at most 9 widths per group
+    const S: i64 = 2048;
+    const N: i64 = 256;
+    const BS: i64 = 16;
+    assert_eq!(objective::key_bucket(S), 256);
+    let mut rng = ChaCha8Rng::seed_from_u64(7);
+    let mut widths = vec![std::collections::BTreeSet::new(); (N / 32) as usize];
+    for draw in 0..300 {
+        // two rows of sorted anchors, some slots unused in the second row
+        let mut anc = Vec::new();
+        let mut keep = Vec::new();
+        for row in 0..2 {
+            let mut a: Vec<i64> = (0..N).map(|_| rng.gen_range(0..S - 1)).collect();
+            a.sort_unstable();
+            let used = if row == 1 { draw % N } else { N };
+            for (j, x) in a.into_iter().enumerate() {
+                keep.push((j as i64) < used);
+                anc.push(if (j as i64) < used { x } else { 0 });
+            }
+        }
+        let groups = objective::query_groups(&anc, &keep, N, S, BS, 32);
+        assert_eq!(groups.len(), widths.len());
+        for (i, g) in groups.iter().enumerate() {
+            // the widest kept anchor of the group, over both rows, computed here directly
+            let need = (0..2)
+                .flat_map(|r| (i * 32..i * 32 + 32).map(move |j| r * N as usize + j))
+                .filter(|&k| keep[k])
+                .map(|k| anc[k])
+                .max()
+                .unwrap_or(0);
+            assert!(g.ctx >= need && g.ctx <= S, "{g:?} against {need}");
+            assert!((g.ctx + g.len) % 256 == 0 || g.ctx == S, "{g:?}");
+            assert!(
+                g.ctx < need + 256,
+                "{g:?} wider than the bucket needs ({need})"
+            );
+            widths[i].insert(g.ctx);
+        }
+    }
+    for (i, w) in widths.iter().enumerate() {
+        assert!(w.len() <= 9, "group {i}: {} widths {w:?}", w.len());
+    }
+}

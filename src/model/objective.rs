@@ -164,7 +164,10 @@ impl QueryGroup {
 /// Splits the `N` blocks into groups of `group_blocks` and gives each group the context
 /// width its queries need: the largest kept anchor in the group over the batch (a query
 /// sees context keys `kv < anchor`), rounded up so that the group's key count is a
-/// multiple of 16 (the alignment of the fused attention kernels' masks), at most `S`.
+/// multiple of [`key_bucket`]`(S)`, at most `S`. The coarse rounding keeps the number of
+/// distinct attention shapes small (at most 9 key widths per group position, whatever the
+/// anchors): cuDNN builds an execution plan for every new shape, on the host, while the GPU
+/// waits, and reuses it after that.
 /// `anchors`/`keep` are the host's `[B, N]` values, row-major. `group_blocks` 0 gives the
 /// reference: one group over every key (the dense mask).
 ///
@@ -202,7 +205,8 @@ pub fn query_groups(
                 .unwrap_or(0)
                 .clamp(0, seq_len);
             let len = (last - first) as i64 * block_size;
-            let ctx = ((need + len + 15) / 16 * 16 - len).clamp(need, seq_len);
+            let align = key_bucket(seq_len);
+            let ctx = ((need + len + align - 1) / align * align - len).clamp(need, seq_len);
             QueryGroup {
                 q0: first as i64 * block_size,
                 len,
@@ -210,6 +214,13 @@ pub fn query_groups(
             }
         })
         .collect()
+}
+
+/// The granule of a query group's key count: an eighth of the sequence, rounded up to a
+/// multiple of 16 (the alignment of the fused attention kernels' masks), at least 16. On
+/// the realistic shape (S 2048) a group's keys are a multiple of 256.
+pub fn key_bucket(seq_len: i64) -> i64 {
+    ((seq_len.max(1) + 7) / 8 + 15) / 16 * 16
 }
 
 /// The dense mask's rows and columns of each group (`[B, 1, len, ctx + len]`), as an
