@@ -69,7 +69,7 @@ mod ffi {
 }
 
 static ENABLED: AtomicBool = AtomicBool::new(true);
-static DRAFTER: AtomicBool = AtomicBool::new(false);
+static DRAFTER: AtomicBool = AtomicBool::new(true);
 static LAUNCHES: AtomicU64 = AtomicU64::new(0);
 static SOURCE_SET: Once = Once::new();
 
@@ -80,7 +80,7 @@ pub fn set_enabled(on: bool) {
 }
 
 /// Turns the drafter's kernels on or off (`norm_rope` under autograd and `softmax_xent`;
-/// off by default, the trainer sets it from `fused_drafter_kernels`). They also need
+/// on by default, the trainer sets it from `fused_drafter_kernels`). They also need
 /// [`enabled`].
 pub fn set_drafter_enabled(on: bool) {
     DRAFTER.store(on, Ordering::Relaxed);
@@ -340,7 +340,6 @@ mod tests {
         assert!(softmax_xent(&mut z, &labels).is_none());
         let xg = x.set_requires_grad(true);
         assert!(norm_rope(&xg, Some(&w), &t, &t, 1e-6).is_none());
-        set_drafter_enabled(false);
         assert!(enabled(), "declining is not a failure");
     }
 }
