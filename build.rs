@@ -40,11 +40,13 @@ fn git_revision() {
     }
 }
 
-/// The C++ sources of the shim library.
-const SHIM_SOURCES: [&str; 3] = [
+/// The C++ sources of the shim library (the CUDA adapter's, and the drafter's grouped
+/// attention node).
+const SHIM_SOURCES: [&str; 4] = [
     "src/cuda/shim.cpp",
     "src/cuda/activity.cpp",
     "src/cuda/kernels.cpp",
+    "src/model/attention.cpp",
 ];
 
 /// Whether the shim library in OUT_DIR is newer than its sources and this script, so a

@@ -244,3 +244,68 @@ fn group_widths_on_the_realistic_shape_take_few_values() {
         assert!(w.len() <= 9, "group {i}: {} widths {w:?}", w.len());
     }
 }
+
+/// Dense attention and the grouped node over random q/k/v with grouped heads (4 query
+/// heads on 2 key/value heads): outputs and the gradients of q, k and v.
+#[test]
+fn the_grouped_node_matches_dense_attention_with_grouped_heads() {
+    use dflash::model::layers::{attention, grouped_attention};
+    let a = anchors();
+    let (anc, keep) = host(&a);
+    let q_len = N * BS;
+    let inputs = || {
+        (
+            uniform(&[2, 4, q_len, 8], 11).set_requires_grad(true),
+            uniform(&[2, 2, S + q_len, 8], 12).set_requires_grad(true),
+            uniform(&[2, 2, S + q_len, 8], 13).set_requires_grad(true),
+        )
+    };
+    let probe = uniform(&[2, 4, q_len, 8], 14);
+    let dense = objective::block_mask(&a.anchors, &a.keep, S, BS, None);
+    let full = objective::group_masks(
+        &dense,
+        &objective::query_groups(&anc, &keep, N, S, BS, 0),
+        S,
+        Kind::Float,
+    );
+    let (q, k, v) = inputs();
+    let want = attention(&q, &k, &v, Some(&full.groups[0].1), false);
+    let want_grads = Tensor::run_backward(
+        &[(&want * &probe).sum(Kind::Float)],
+        &[&q, &k, &v],
+        false,
+        false,
+    );
+    for g in [1, 2, 4] {
+        let groups = objective::query_groups(&anc, &keep, N, S, BS, g);
+        let masks = objective::group_masks(&dense, &groups, S, Kind::Float);
+        let spec: Vec<_> = masks
+            .groups
+            .iter()
+            .map(|(g, m)| ((g.q0, g.len, g.ctx), m))
+            .collect();
+        let (q, k, v) = inputs();
+        let got = grouped_attention(&q, &k, &v, &spec, S);
+        let grads = Tensor::run_backward(
+            &[(&got * &probe).sum(Kind::Float)],
+            &[&q, &k, &v],
+            false,
+            false,
+        );
+        let o = max_diff(&[want.detach()], &[got.detach()]);
+        let gr = max_diff(&want_grads, &grads);
+        assert!(o < 1e-5, "groups of {g} blocks: outputs differ by {o}");
+        assert!(gr < 1e-5, "groups of {g} blocks: gradients differ by {gr}");
+    }
+}
+
+#[test]
+#[should_panic(expected = "does not tile the queries")]
+fn the_grouped_node_refuses_groups_that_do_not_tile_the_queries() {
+    let q = Tensor::zeros([1, 2, 8, 4], (Kind::Float, Device::Cpu));
+    let k = Tensor::zeros([1, 2, 12, 4], (Kind::Float, Device::Cpu));
+    let m = Tensor::zeros([1, 1, 4, 8], (Kind::Float, Device::Cpu));
+    // the second group starts at query 5, not 4
+    let groups = [((0, 4, 4), &m), ((5, 3, 4), &m)];
+    let _ = dflash::model::layers::grouped_attention(&q, &k, &k, &groups, 4);
+}

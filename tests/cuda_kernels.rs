@@ -1,5 +1,6 @@
 //! The fused kernels (`src/cuda/kernels.cu`), the target's and the drafter's, against
-//! ATen's chains on a CUDA device. Ignored by default, since they need a GPU: run them
+//! ATen's chains on a CUDA device, and the drafter's grouped attention node against dense
+//! attention there (cuDNN's kernels, bf16). Ignored by default, since they need a GPU: run them
 //! there with `cargo test --release --test cuda_kernels -- --ignored` (or the built test
 //! binary with `--ignored`). Without a GPU, `src/cuda/kernels.rs` checks that the source
 //! compiles.
@@ -396,5 +397,77 @@ fn norm_rope_under_autograd_matches_atens_gradients() {
             fx <= 1.5 * ax + 1e-3,
             "dx {what}: {fx:.2e} from fp32, ATen's {ax:.2e}"
         );
+    }
+}
+
+/// The grouped attention node against dense attention under the block mask, on the
+/// drafter's realistic head shape (16 query heads on 8 key/value heads of 128, bf16):
+/// outputs and the gradients of q, k and v, as relative norms.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn the_grouped_attention_node_matches_dense_attention() {
+    use dflash::model::layers::{attention, grouped_attention};
+    let dev = cuda();
+    let (s, n, bs) = (512i64, 32i64, 16i64);
+    let q_len = n * bs;
+    // sorted anchors of two rows, the second with 5 unused slots
+    let mut anc: Vec<i64> = (0..2 * n).map(|i| (i * 37 + 11) % (s - 1)).collect();
+    anc[..n as usize].sort_unstable();
+    anc[n as usize..].sort_unstable();
+    let keep: Vec<bool> = (0..2 * n).map(|i| i < 2 * n - 5).collect();
+    let a = Tensor::from_slice(&anc).view([2, n]).to_device(dev);
+    let kp = Tensor::from_slice(&keep).view([2, n]).to_device(dev);
+    let dense = objective::block_mask(&a, &kp, s, bs, None);
+    let inputs = || {
+        (
+            randn(&[2, 16, q_len, 128], 21).set_requires_grad(true),
+            randn(&[2, 8, s + q_len, 128], 22).set_requires_grad(true),
+            randn(&[2, 8, s + q_len, 128], 23).set_requires_grad(true),
+        )
+    };
+    let probe = randn(&[2, 16, q_len, 128], 24);
+    let full = objective::group_masks(
+        &dense,
+        &objective::query_groups(&anc, &keep, n, s, bs, 0),
+        s,
+        Kind::BFloat16,
+    );
+    let (q, k, v) = inputs();
+    let want = attention(&q, &k, &v, Some(&full.groups[0].1), false);
+    let want_grads = Tensor::run_backward(
+        &[(&want * &probe).sum(Kind::Float)],
+        &[&q, &k, &v],
+        false,
+        false,
+    );
+    for g in [4, 8] {
+        let groups = objective::query_groups(&anc, &keep, n, s, bs, g);
+        assert!(groups.len() > 1);
+        let masks = objective::group_masks(&dense, &groups, s, Kind::BFloat16);
+        let spec: Vec<_> = masks
+            .groups
+            .iter()
+            .map(|(g, m)| ((g.q0, g.len, g.ctx), m))
+            .collect();
+        let (q, k, v) = inputs();
+        let got = grouped_attention(&q, &k, &v, &spec, s);
+        let grads = Tensor::run_backward(
+            &[(&got * &probe).sum(Kind::Float)],
+            &[&q, &k, &v],
+            false,
+            false,
+        );
+        let o = rel_norm(&got, &want);
+        assert!(
+            o < 1e-2,
+            "groups of {g}: output differs by {o:.2e} (relative norm)"
+        );
+        for (name, (x, y)) in ["q", "k", "v"].iter().zip(grads.iter().zip(&want_grads)) {
+            let d = rel_norm(x, y);
+            assert!(
+                d < 2e-2,
+                "groups of {g}: d{name} differs by {d:.2e} (relative norm)"
+            );
+        }
     }
 }

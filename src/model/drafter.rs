@@ -12,7 +12,7 @@ use tch::Tensor;
 
 use super::error::ModelError;
 use super::layers::{
-    attention, heads_first, merge_heads, norm_rope, split_heads, Linear, Mlp, RmsNorm, Rope,
+    self, attention, heads_first, merge_heads, norm_rope, split_heads, Linear, Mlp, RmsNorm, Rope,
 };
 use super::objective::GroupedMask;
 use super::target_config::TargetConfig;
@@ -229,26 +229,26 @@ impl DrafterLayer {
 }
 
 /// Attention of `q` `[B, Hq, Q, D]` over `k`/`v` `[B, Hkv, S + Q, D]`, one query group at a
-/// time over the group's keys (the first `ctx` context keys and its own block keys).
+/// time over the group's keys (the first `ctx` context keys and its own block keys): one
+/// group (the dense mask) is plain [`attention`], several are one autograd node
+/// ([`layers::grouped_attention`]).
 fn grouped_attention(q: &Tensor, k: &Tensor, v: &Tensor, mask: &GroupedMask) -> Tensor {
     let s = mask.seq_len;
-    let parts: Vec<Tensor> = mask
-        .groups
-        .iter()
-        .map(|(g, m)| {
-            let qg = q.narrow(2, g.q0, g.len);
-            attention(
-                &qg,
-                &g.keys_of(k, s, 2),
-                &g.keys_of(v, s, 2),
-                Some(m),
-                false,
-            )
-        })
-        .collect();
-    match parts.as_slice() {
-        [one] => one.shallow_clone(),
-        _ => Tensor::cat(&parts, 2),
+    match mask.groups.as_slice() {
+        [(g, m)] => attention(
+            &q.narrow(2, g.q0, g.len),
+            &g.keys_of(k, s, 2),
+            &g.keys_of(v, s, 2),
+            Some(m),
+            false,
+        ),
+        groups => {
+            let groups: Vec<_> = groups
+                .iter()
+                .map(|(g, m)| ((g.q0, g.len, g.ctx), m))
+                .collect();
+            layers::grouped_attention(q, k, v, &groups, s)
+        }
     }
 }
 

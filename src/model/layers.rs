@@ -297,6 +297,71 @@ pub fn attention(
     }
 }
 
+mod ffi {
+    use std::ffi::{c_char, c_int, c_void};
+
+    extern "C" {
+        pub fn dflash_attention_last_error() -> *const c_char;
+        pub fn dflash_grouped_attention(
+            q: *mut c_void,
+            k: *mut c_void,
+            v: *mut c_void,
+            masks: *const *mut c_void,
+            spec: *const i64,
+            n: i64,
+            seq_len: i64,
+            out: *mut *mut c_void,
+        ) -> c_int;
+    }
+}
+
+/// Attention of query groups over their own keys, as one autograd node
+/// (`src/model/attention.cpp`): `q` `[B, Hq, Q, D]`, `k`/`v` `[B, Hkv, S + Q, D]`; group
+/// `i` is `(q0, len, ctx)` with its additive mask `[B, 1, len, ctx + len]`: queries
+/// `[q0, q0 + len)` over keys `[0, ctx)` and `[S + q0, S + q0 + len)`. The groups tile the
+/// queries in order. Equal to [`attention`] per group (the same ATen kernels), without
+/// autograd's per-group graph over the full key tensors: each narrow's backward there
+/// fills a zero tensor of all the keys. Once differentiable.
+///
+/// Panics (as tch's ops do) when ATen fails, e.g. out of device memory.
+pub fn grouped_attention(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    groups: &[((i64, i64, i64), &Tensor)],
+    seq_len: i64,
+) -> Tensor {
+    let spec: Vec<i64> = groups
+        .iter()
+        .flat_map(|((q0, len, ctx), _)| [*q0, *len, *ctx])
+        .collect();
+    let masks: Vec<*mut std::ffi::c_void> =
+        groups.iter().map(|(_, m)| m.as_ptr() as *mut _).collect();
+    let raw = |t: &Tensor| t.as_ptr() as *mut std::ffi::c_void;
+    let mut out = std::ptr::null_mut();
+    // SAFETY: live tensors and arrays of `groups.len()` entries; the shim writes `out`
+    // only when it returns 0.
+    let rc = unsafe {
+        ffi::dflash_grouped_attention(
+            raw(q),
+            raw(k),
+            raw(v),
+            masks.as_ptr(),
+            spec.as_ptr(),
+            groups.len() as i64,
+            seq_len,
+            &mut out,
+        )
+    };
+    if rc != 0 {
+        // SAFETY: the shim's NUL-terminated thread-local error buffer.
+        let msg = unsafe { std::ffi::CStr::from_ptr(ffi::dflash_attention_last_error()) };
+        panic!("grouped attention: {}", msg.to_string_lossy());
+    }
+    // SAFETY: a tensor the shim allocated with `new at::Tensor`, taken once.
+    unsafe { Tensor::from_ptr(out as *mut _) }
+}
+
 /// `[B, L, heads * D] -> [B, L, heads, D]`, a view. Per-head norms and rotary embeddings
 /// work in this layout, then [`heads_first`] hands attention its `[B, heads, L, D]` view.
 /// Why not transpose first: the norm kernels take contiguous rows and would copy the
