@@ -58,6 +58,16 @@ fn host(a: &objective::Anchors) -> (Vec<i64>, Vec<bool>) {
 /// Output of every layer's attention block and the gradients of a fixed projection of
 /// all outputs with respect to the block input, the context and every weight.
 fn run(d: &Drafter, vs: &nn::VarStore, group_blocks: Option<i64>) -> (Vec<Tensor>, Vec<Tensor>) {
+    run_with(d, vs, group_blocks, 0)
+}
+
+/// [`run`], with the attention in batched groups of `batch_blocks` blocks when not 0.
+fn run_with(
+    d: &Drafter,
+    vs: &nn::VarStore,
+    group_blocks: Option<i64>,
+    batch_blocks: i64,
+) -> (Vec<Tensor>, Vec<Tensor>) {
     let a = anchors();
     let (anc, keep) = host(&a);
     let groups = match group_blocks {
@@ -81,7 +91,10 @@ fn run(d: &Drafter, vs: &nn::VarStore, group_blocks: Option<i64>) -> (Vec<Tensor
     for layer in &d.layers {
         let window = (layer.layer_type == LayerType::Sliding).then_some(d.cfg.sliding_window);
         let dense = objective::block_mask(&a.anchors, &a.keep, S, BS, window);
-        let mask = objective::group_masks(&dense, &groups, S, Kind::Float);
+        let mask = match batch_blocks {
+            0 => objective::group_masks(&dense, &groups, S, Kind::Float),
+            n => objective::batched_mask(&dense, S, n * BS, Kind::Float),
+        };
         outs.push(layer.attn_block(&x, &ctx, &rope, &mask));
     }
     let probe = uniform(&[2, N * BS, h], 3);
@@ -308,4 +321,58 @@ fn the_grouped_node_refuses_groups_that_do_not_tile_the_queries() {
     // the second group starts at query 5, not 4
     let groups = [((0, 4, 4), &m), ((5, 3, 4), &m)];
     let _ = dflash::model::layers::grouped_attention(&q, &k, &k, &groups, 4);
+}
+
+#[test]
+fn batched_groups_equal_the_dense_mask_in_outputs_and_gradients() {
+    // full and sliding layers, unused slots; groups of 1, 2, 3 and all 6 blocks
+    let (vs, d) = drafter();
+    let (dense_out, dense_grad) = run(&d, &vs, None);
+    for n in [1, 2, 3, N] {
+        let (out, grad) = run_with(&d, &vs, None, n);
+        let (o, gr) = (max_diff(&dense_out, &out), max_diff(&dense_grad, &grad));
+        assert!(
+            o < 1e-5,
+            "batched groups of {n} blocks: outputs differ by {o}"
+        );
+        assert!(
+            gr < 1e-4,
+            "batched groups of {n} blocks: gradients differ by {gr}"
+        );
+    }
+}
+
+#[test]
+fn the_batched_mask_stacks_each_groups_rows_over_all_context_keys() {
+    // row b * G + g of the batched mask is group g's mask over ctx = S (group_masks), of
+    // sequence b: an independent construction by narrowing and concatenating
+    let a = anchors();
+    for window in [None, Some(6)] {
+        let dense = objective::block_mask(&a.anchors, &a.keep, S, BS, window);
+        for n in [1, 2, 3] {
+            let len = n * BS;
+            let g = N / n;
+            let batched = objective::batched_mask(&dense, S, len, Kind::Float);
+            assert_eq!(batched.batch, len);
+            let m = &batched.groups[0].1;
+            assert_eq!(m.size(), [2 * g, 1, len, S + len]);
+            let groups: Vec<QueryGroup> = (0..g)
+                .map(|i| QueryGroup {
+                    q0: i * len,
+                    len,
+                    ctx: S,
+                })
+                .collect();
+            let each = objective::group_masks(&dense, &groups, S, Kind::Float);
+            for b in 0..2 {
+                for (i, (_, want)) in each.groups.iter().enumerate() {
+                    let got = m.get(b * g + i as i64);
+                    assert!(
+                        got.equal(&want.get(b)),
+                        "window {window:?}, groups of {n}: row {b} group {i} differs"
+                    );
+                }
+            }
+        }
+    }
 }

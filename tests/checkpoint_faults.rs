@@ -31,6 +31,7 @@ fn trainer(target: &model::LoadedTarget, seed: i64) -> DrafterTrainer {
         gamma: 4.0,
         chunk_blocks: 16,
         attn_group_blocks: 32,
+        attn_batch_blocks: 0,
         fused_loss: true,
         grad_clip: 1.0,
     };

@@ -400,13 +400,13 @@ fn norm_rope_under_autograd_matches_atens_gradients() {
     }
 }
 
-/// The grouped attention node against dense attention under the block mask, on the
-/// drafter's realistic head shape (16 query heads on 8 key/value heads of 128, bf16):
-/// outputs and the gradients of q, k and v, as relative norms.
+/// The grouped attention node and the batched groups against dense attention under the
+/// block mask, on the drafter's realistic head shape (16 query heads on 8 key/value heads
+/// of 128, bf16): outputs and the gradients of q, k and v, as relative norms.
 #[test]
 #[ignore = "needs a CUDA device"]
 fn the_grouped_attention_node_matches_dense_attention() {
-    use dflash::model::layers::{attention, grouped_attention};
+    use dflash::model::layers::{attention, batched_attention, grouped_attention};
     let dev = cuda();
     let (s, n, bs) = (512i64, 32i64, 16i64);
     let q_len = n * bs;
@@ -440,17 +440,23 @@ fn the_grouped_attention_node_matches_dense_attention() {
         false,
         false,
     );
-    for g in [4, 8] {
-        let groups = objective::query_groups(&anc, &keep, n, s, bs, g);
-        assert!(groups.len() > 1);
-        let masks = objective::group_masks(&dense, &groups, s, Kind::BFloat16);
-        let spec: Vec<_> = masks
-            .groups
-            .iter()
-            .map(|(g, m)| ((g.q0, g.len, g.ctx), m))
-            .collect();
+    for (g, batched) in [(4, false), (8, false), (4, true), (8, true)] {
         let (q, k, v) = inputs();
-        let got = grouped_attention(&q, &k, &v, &spec, s);
+        let got = if batched {
+            let m = objective::batched_mask(&dense, s, g * bs, Kind::BFloat16);
+            batched_attention(&q, &k, &v, &m.groups[0].1, s, g * bs)
+        } else {
+            let groups = objective::query_groups(&anc, &keep, n, s, bs, g);
+            assert!(groups.len() > 1);
+            let masks = objective::group_masks(&dense, &groups, s, Kind::BFloat16);
+            let spec: Vec<_> = masks
+                .groups
+                .iter()
+                .map(|(g, m)| ((g.q0, g.len, g.ctx), m))
+                .collect();
+            grouped_attention(&q, &k, &v, &spec, s)
+        };
+        let g = format!("{g}{}", if batched { " (batched)" } else { "" });
         let grads = Tensor::run_backward(
             &[(&got * &probe).sum(Kind::Float)],
             &[&q, &k, &v],

@@ -411,6 +411,7 @@ fn trainer(target: &model::LoadedTarget, anchors: i64) -> DrafterTrainer {
         gamma: 4.0,
         chunk_blocks: 3,
         attn_group_blocks: 2,
+        attn_batch_blocks: 0,
         fused_loss: true,
         grad_clip: 1.0,
     };

@@ -219,6 +219,7 @@ fn check_family(spec: &Spec, family: Family, seed: u64) {
             gamma: 4.0,
             chunk_blocks: 2,
             attn_group_blocks: 1,
+            attn_batch_blocks: 0,
             fused_loss: true,
             grad_clip: 1.0,
         },

@@ -261,6 +261,7 @@ fn pipeline_equals_the_single_thread_path() {
         gamma: 4.0,
         chunk_blocks: cfg.chunk_blocks,
         attn_group_blocks: cfg.attn_group_blocks,
+        attn_batch_blocks: cfg.attn_batch_blocks,
         fused_loss: cfg.fused_loss,
         grad_clip: cfg.grad_clip,
     };

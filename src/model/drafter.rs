@@ -234,6 +234,9 @@ impl DrafterLayer {
 /// ([`layers::grouped_attention`]).
 fn grouped_attention(q: &Tensor, k: &Tensor, v: &Tensor, mask: &GroupedMask) -> Tensor {
     let s = mask.seq_len;
+    if mask.batch > 0 {
+        return layers::batched_attention(q, k, v, &mask.groups[0].1, s, mask.batch);
+    }
     match mask.groups.as_slice() {
         [(g, m)] => attention(
             &q.narrow(2, g.q0, g.len),

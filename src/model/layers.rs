@@ -362,6 +362,42 @@ pub fn grouped_attention(
     unsafe { Tensor::from_ptr(out as *mut _) }
 }
 
+/// Attention in batched groups of `len` queries (see `objective::batched_mask`): `q`
+/// `[B, Hq, Q, D]` becomes `[B * G, Hq, len, D]` (a view), each group's keys the `S`
+/// context keys followed by its own `len` block keys, `[B * G, Hkv, S + len, D]` (one copy),
+/// and one attention call over the `[B * G, 1, len, S + len]` mask computes every group.
+pub fn batched_attention(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    mask: &Tensor,
+    s: i64,
+    len: i64,
+) -> Tensor {
+    let (b, hq, ql, d) = (q.size()[0], q.size()[1], q.size()[2], q.size()[3]);
+    let hkv = k.size()[1];
+    let g = ql / len;
+    let qb = q
+        .reshape([b, hq, g, len, d])
+        .permute([0, 2, 1, 3, 4])
+        .reshape([b * g, hq, len, d]);
+    let keys = |t: &Tensor| {
+        let ctx = t
+            .narrow(2, 0, s)
+            .unsqueeze(1)
+            .expand([b, g, hkv, s, d], false);
+        let own = t
+            .narrow(2, s, ql)
+            .reshape([b, hkv, g, len, d])
+            .permute([0, 2, 1, 3, 4]);
+        Tensor::cat(&[ctx, own], 3).reshape([b * g, hkv, s + len, d])
+    };
+    attention(&qb, &keys(k), &keys(v), Some(mask), false)
+        .reshape([b, g, hq, len, d])
+        .permute([0, 2, 1, 3, 4])
+        .reshape([b, hq, ql, d])
+}
+
 /// `[B, L, heads * D] -> [B, L, heads, D]`, a view. Per-head norms and rotary embeddings
 /// work in this layout, then [`heads_first`] hands attention its `[B, heads, L, D]` view.
 /// Why not transpose first: the norm kernels take contiguous rows and would copy the

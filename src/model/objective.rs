@@ -236,7 +236,49 @@ pub fn group_masks(full: &Tensor, groups: &[QueryGroup], seq_len: i64, kind: Kin
             (*g, add)
         })
         .collect();
-    GroupedMask { seq_len, groups }
+    GroupedMask {
+        seq_len,
+        groups,
+        batch: 0,
+    }
+}
+
+/// The dense mask `[B, 1, Q, S + Q]` for attention in batched groups of `len` queries
+/// (`Q` a multiple of `len`, `G = Q / len` groups): group `g`'s queries see all `S` context
+/// keys and their own `len` block keys, and the `G` groups stack into the batch dimension,
+/// `[B * G, 1, len, S + len]` (row `b * G + g`), additive in `kind`. Every group has one
+/// shape, so one attention call computes them all: on the realistic shape (S 2048, Q 4096,
+/// groups of 512) 42% of the dense mask's `(query, key)` pairs, with none of the per-group
+/// calls of [`group_masks`].
+pub fn batched_mask(full: &Tensor, seq_len: i64, len: i64, kind: Kind) -> GroupedMask {
+    let (b, q) = (full.size()[0], full.size()[2]);
+    let g = q / len;
+    assert_eq!(g * len, q, "{q} queries do not split into groups of {len}");
+    // context columns: [B, 1, G, len, S]
+    let ctx = full.narrow(3, 0, seq_len).reshape([b, 1, g, len, seq_len]);
+    // the diagonal blocks of the block columns: [B, 1, G, len, G, len] -> [B, 1, G, len, len]
+    let own = full
+        .narrow(3, seq_len, q)
+        .reshape([b, 1, g, len, g, len])
+        .diagonal(0, 2, 4)
+        .permute([0, 1, 4, 2, 3]);
+    let allow = Tensor::cat(&[ctx, own], 4)
+        .permute([0, 2, 1, 3, 4])
+        .reshape([b * g, 1, len, seq_len + len]);
+    let add = Tensor::zeros(allow.size(), (kind, allow.device()))
+        .masked_fill(&allow.logical_not(), f64::NEG_INFINITY);
+    GroupedMask {
+        seq_len,
+        groups: vec![(
+            QueryGroup {
+                q0: 0,
+                len: q,
+                ctx: seq_len,
+            },
+            add,
+        )],
+        batch: len,
+    }
 }
 
 /// A layer's attention mask, group by group (see [`QueryGroup`]).
@@ -244,6 +286,9 @@ pub fn group_masks(full: &Tensor, groups: &[QueryGroup], seq_len: i64, kind: Kin
 pub struct GroupedMask {
     pub seq_len: i64,
     pub groups: Vec<(QueryGroup, Tensor)>,
+    /// 0: the groups as listed. `len > 0`: batched groups of `len` queries ([`batched_mask`]):
+    /// one entry over all queries, whose mask is `[B * Q / len, 1, len, S + len]`.
+    pub batch: i64,
 }
 
 /// Labels `[B, N, bs]` (`y[b,n,k] = input_ids[anchor + k]`, clamped inside the sequence)

@@ -56,6 +56,11 @@ pub struct TrainConfig {
     /// 144 vs 143 ms/step), and on the GPU each new key width makes cuDNN build a new
     /// attention plan and the smaller kernels fill the GPU worse (docs/gpu-results.md).
     pub attn_group_blocks: i64,
+    /// Blocks per batched attention group: the queries of each group of N blocks attend to
+    /// all context keys and their own block keys, and the groups run as one attention call
+    /// (`objective::batched_mask`; 42% of the dense mask's work with groups of 32 blocks on
+    /// the realistic shape). 0: off (the default). Not with `attn_group_blocks`.
+    pub attn_batch_blocks: i64,
     /// The loss's input gradient computed in its forward chunks, in the logits' kind, no
     /// logits kept for the backward (the default: the realistic step on the GPU takes 27.1
     /// instead of 37.5 ms, docs/gpu-results.md); false: autograd's fp32 log-softmax path.
@@ -129,6 +134,7 @@ impl Default for TrainConfig {
             gamma: 0.0,
             chunk_blocks: 16,
             attn_group_blocks: 0,
+            attn_batch_blocks: 0,
             fused_loss: true,
             fused_kernels: true,
             fused_drafter_kernels: true,
@@ -230,6 +236,7 @@ impl TrainConfig {
             "gamma",
             "chunk_blocks",
             "attn_group_blocks",
+            "attn_batch_blocks",
             "fused_loss",
             "fused_kernels",
             "fused_drafter_kernels",

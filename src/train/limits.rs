@@ -103,6 +103,27 @@ pub fn check(cfg: &TrainConfig) -> Result<(), ConfigError> {
         MAX_TOKENS,
         " (0: the dense mask)",
     )?;
+    int(
+        "attn_batch_blocks",
+        cfg.attn_batch_blocks,
+        0,
+        cfg.num_anchors,
+        " (0: off; at most num_anchors)",
+    )?;
+    if cfg.attn_batch_blocks > 0 {
+        if cfg.attn_group_blocks > 0 {
+            return Err(ConfigError::Invalid(
+                "attn_batch_blocks and attn_group_blocks are two layouts of the attention: set one"
+                    .into(),
+            ));
+        }
+        if cfg.num_anchors % cfg.attn_batch_blocks != 0 {
+            return Err(ConfigError::Invalid(format!(
+                "attn_batch_blocks = {} does not divide num_anchors = {}",
+                cfg.attn_batch_blocks, cfg.num_anchors
+            )));
+        }
+    }
     int("drafter_layers", cfg.drafter_layers, 1, 1024, "")?;
     int(
         "sliding_layers",
@@ -227,11 +248,33 @@ mod tests {
                 "target_devices = 0 is outside its allowed range 1..=1024 devices",
             ),
             ("trace_steps=\"5..2\"", "trace_steps"),
+            (
+                "attn_batch_blocks=-1",
+                "attn_batch_blocks = -1 is outside its allowed range 0..=",
+            ),
         ] {
             let e = refused(set);
             assert!(e.contains(want), "{set}: {e}");
             assert_eq!(e.lines().count(), 1, "{e}");
         }
+        // the batched attention layout: groups that tile the anchors, not with the other
+        let both = TrainConfig::default()
+            .with_overrides(&["attn_batch_blocks=2".into(), "attn_group_blocks=2".into()])
+            .unwrap();
+        let e = check(&both).unwrap_err().to_string();
+        assert!(e.contains("set one"), "{e}");
+        let odd = TrainConfig::default()
+            .with_overrides(&["attn_batch_blocks=3".into(), "num_anchors=32".into()])
+            .unwrap();
+        let e = check(&odd).unwrap_err().to_string();
+        assert!(
+            e.contains("attn_batch_blocks = 3 does not divide num_anchors = 32"),
+            "{e}"
+        );
+        let fine = TrainConfig::default()
+            .with_overrides(&["attn_batch_blocks=1".into()])
+            .unwrap();
+        check(&fine).unwrap();
         check_stop_after(Some(0)).unwrap_err();
         check_stop_after(Some(5)).unwrap();
     }

@@ -19,6 +19,7 @@ pub struct Load {
     pub num_anchors: i64,
     pub chunk_blocks: i64,
     pub attn_group_blocks: i64,
+    pub attn_batch_blocks: i64,
     pub queue_capacity: i64,
 }
 
@@ -87,9 +88,10 @@ pub fn drafter_step(c: &DrafterConfig, l: &Load, elt: i64) -> DrafterParts {
     };
     let per_token = 6 * h + 3 * i(c.intermediate_size);
     let chunk = i(l.chunk_blocks.min(l.num_anchors));
-    let group = match l.attn_group_blocks {
-        0 => q,
-        g => i(g.clamp(1, l.num_anchors.max(1))) * i(c.block_size),
+    // keys per query row of a mask: all S + Q (dense), or S + the group's own block keys
+    let group = match (l.attn_group_blocks, l.attn_batch_blocks) {
+        (0, 0) => q,
+        (g, 0) | (_, g) => i(g.clamp(1, l.num_anchors.max(1))) * i(c.block_size),
     };
     DrafterParts {
         weights: as_bytes(params * (2 * e + 16)),
@@ -225,6 +227,7 @@ mod tests {
             num_anchors: 3,
             chunk_blocks: 2,
             attn_group_blocks: 2,
+            attn_batch_blocks: 0,
             queue_capacity: 1,
         };
         let p = drafter_step(&cfg(), &l, 4);
@@ -257,6 +260,7 @@ mod tests {
             num_anchors: 32,
             chunk_blocks: 16,
             attn_group_blocks: 32,
+            attn_batch_blocks: 0,
             queue_capacity: 4,
         };
         let e = check(&c, &l, Device::Cpu, &[Device::Cpu])
@@ -274,6 +278,7 @@ mod tests {
             num_anchors: 2,
             chunk_blocks: 1,
             attn_group_blocks: 1,
+            attn_batch_blocks: 0,
             queue_capacity: 1,
         };
         check(&cfg(), &small, Device::Cpu, &[Device::Cpu]).unwrap();

@@ -48,6 +48,8 @@ pub struct StepConfig {
     pub chunk_blocks: i64,
     /// Blocks per attention query group (see `objective::query_groups`).
     pub attn_group_blocks: i64,
+    /// Blocks per batched attention group (see `objective::batched_mask`); 0: off.
+    pub attn_batch_blocks: i64,
     /// The loss through `objective::weighted_ce_fused` (else the autograd path).
     pub fused_loss: bool,
     pub grad_clip: f64,
@@ -241,7 +243,10 @@ impl DrafterTrainer {
             let _s = section(trace_name!(names::DRAFTER_MASK), self.device);
             let grouped = |window| {
                 let dense = objective::block_mask(&anchors.anchors, &anchors.keep, s, bs, window);
-                objective::group_masks(&dense, &groups, s, self.kind)
+                match self.cfg.attn_batch_blocks {
+                    0 => objective::group_masks(&dense, &groups, s, self.kind),
+                    n => objective::batched_mask(&dense, s, n * bs, self.kind),
+                }
             };
             let full = grouped(None);
             let sliding = cfg
