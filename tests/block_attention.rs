@@ -376,3 +376,19 @@ fn the_batched_mask_stacks_each_groups_rows_over_all_context_keys() {
         }
     }
 }
+
+#[test]
+fn batched_groups_take_the_largest_divisor_of_the_blocks_up_to_the_setting() {
+    assert_eq!(objective::batch_blocks(256, 32), 32);
+    assert_eq!(objective::batch_blocks(100, 32), 25);
+    assert_eq!(objective::batch_blocks(97, 32), 1);
+    assert_eq!(objective::batch_blocks(6, 100), 6);
+    // brute force: every (blocks, want) up to 64
+    for n in 1..=64i64 {
+        for want in 1..=70i64 {
+            let got = objective::batch_blocks(n, want);
+            let best = (1..=want.min(n)).filter(|d| n % d == 0).max().unwrap();
+            assert_eq!(got, best, "{n} blocks, at most {want}");
+        }
+    }
+}

@@ -35,15 +35,25 @@ fn batch(t: &model::LoadedTarget, taps: &[usize], vocab: i64) -> Batch {
 }
 
 /// Losses of 30 steps with fresh anchors each step (seeded by the step).
-fn losses(attn_group_blocks: i64, fused_loss: bool) -> Vec<f64> {
-    losses_in(Kind::Double, attn_group_blocks, fused_loss)
+fn losses(attn_group_blocks: i64, attn_batch_blocks: i64, fused_loss: bool) -> Vec<f64> {
+    losses_in(
+        Kind::Double,
+        attn_group_blocks,
+        attn_batch_blocks,
+        fused_loss,
+    )
 }
 
 /// The models' random init draws from libtorch's global generator, seeded per model:
 /// the tests of this file take turns so that their draws do not interleave.
 static TORCH_RNG: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
-fn losses_in(kind: Kind, attn_group_blocks: i64, fused_loss: bool) -> Vec<f64> {
+fn losses_in(
+    kind: Kind,
+    attn_group_blocks: i64,
+    attn_batch_blocks: i64,
+    fused_loss: bool,
+) -> Vec<f64> {
     let _turn = TORCH_RNG.lock().unwrap_or_else(|e| e.into_inner());
     let (tcfg, t) = target(kind);
     let mut dcfg = DrafterConfig::for_target(&tcfg, 2, 4, tcfg.vocab_size - 1);
@@ -55,6 +65,7 @@ fn losses_in(kind: Kind, attn_group_blocks: i64, fused_loss: bool) -> Vec<f64> {
         gamma: 4.0,
         chunk_blocks: 3,
         attn_group_blocks,
+        attn_batch_blocks,
         fused_loss,
         grad_clip: 1.0,
     };
@@ -79,14 +90,24 @@ fn losses_in(kind: Kind, attn_group_blocks: i64, fused_loss: bool) -> Vec<f64> {
 
 #[test]
 fn fast_paths_follow_the_reference_loss_curve_over_30_steps() {
-    let reference = losses(0, false);
+    let reference = losses(0, 0, false);
     assert!(
         reference[29] < 0.8 * reference[0],
         "the run learns: {reference:?}"
     );
-    for (groups, fused) in [(1, false), (2, false), (0, true), (1, true), (100, true)] {
-        let got = losses(groups, fused);
-        // grouped attention is exact in fp64; both losses sum in fp32 (the metrics are
+    for (groups, batch, fused) in [
+        (1, 0, false),
+        (2, 0, false),
+        (0, 2, false),
+        (0, 5, false),
+        (0, 0, true),
+        (1, 0, true),
+        (100, 0, true),
+        (0, 3, true),
+    ] {
+        let got = losses(groups, batch, fused);
+        // grouped and batched attention are exact in fp64 (batches of 3 blocks: groups of 2,
+        // the largest divisor of the 10 anchors); both losses sum in fp32 (the metrics are
         // read in fp32), in another order and the fused one with the label's term as log1p
         // of the others where it is near 1: 1e-7 differences that grow over the steps, to
         // a few 1e-4 here (bf16's resolution is 7.8e-3)
@@ -94,7 +115,7 @@ fn fast_paths_follow_the_reference_loss_curve_over_30_steps() {
         for (i, (a, b)) in reference.iter().zip(&got).enumerate() {
             assert!(
                 (a - b).abs() <= tol * a.abs().max(1.0),
-                "groups {groups}, fused {fused}: step {i} loss {b} vs reference {a}"
+                "groups {groups}, batches {batch}, fused {fused}: step {i} loss {b} vs reference {a}"
             );
         }
     }
@@ -106,7 +127,7 @@ fn in_bf16_the_fused_loss_stays_as_close_to_the_fp32_curve_as_autograds() {
     // same run in fp32 (rounding changes each step's update, and the differences grow);
     // the fused loss (bf16 softmax, sums in fp32) must not drift further than autograd's
     // (fp32 log-softmax of the bf16 logits). Measured: both about 5-6% on average.
-    let fp32 = losses_in(Kind::Float, 0, false);
+    let fp32 = losses_in(Kind::Float, 0, 0, false);
     assert!(fp32[29] < 0.8 * fp32[0], "the run learns: {fp32:?}");
     let drift = |curve: &[f64]| {
         curve
@@ -116,8 +137,8 @@ fn in_bf16_the_fused_loss_stays_as_close_to_the_fp32_curve_as_autograds() {
             .sum::<f64>()
             / fp32.len() as f64
     };
-    let autograd = losses_in(Kind::BFloat16, 0, false);
-    let fused = losses_in(Kind::BFloat16, 0, true);
+    let autograd = losses_in(Kind::BFloat16, 0, 0, false);
+    let fused = losses_in(Kind::BFloat16, 0, 0, true);
     let (da, df) = (drift(&autograd), drift(&fused));
     assert!(
         df <= 2.0 * da.max(0.01),

@@ -281,6 +281,16 @@ pub fn batched_mask(full: &Tensor, seq_len: i64, len: i64, kind: Kind) -> Groupe
     }
 }
 
+/// Blocks per batched group for `num_blocks` blocks and at most `want` per group: the
+/// largest divisor of `num_blocks` not above `want` (the groups must tile the blocks), at
+/// least 1.
+pub fn batch_blocks(num_blocks: i64, want: i64) -> i64 {
+    (1..=want.clamp(1, num_blocks.max(1)))
+        .rev()
+        .find(|d| num_blocks % d == 0)
+        .unwrap_or(1)
+}
+
 /// A layer's attention mask, group by group (see [`QueryGroup`]).
 #[derive(Debug)]
 pub struct GroupedMask {

@@ -59,7 +59,8 @@ pub struct TrainConfig {
     /// Blocks per batched attention group: the queries of each group of N blocks attend to
     /// all context keys and their own block keys, and the groups run as one attention call
     /// (`objective::batched_mask`; 42% of the dense mask's work with groups of 32 blocks on
-    /// the realistic shape). 0: off (the default). Not with `attn_group_blocks`.
+    /// the realistic shape). When N does not divide `num_anchors`, the groups take its
+    /// largest divisor below N. 0: off (the default). Not with `attn_group_blocks`.
     pub attn_batch_blocks: i64,
     /// The loss's input gradient computed in its forward chunks, in the logits' kind, no
     /// logits kept for the backward (the default: the realistic step on the GPU takes 27.1

@@ -91,7 +91,8 @@ pub fn drafter_step(c: &DrafterConfig, l: &Load, elt: i64) -> DrafterParts {
     // keys per query row of a mask: all S + Q (dense), or S + the group's own block keys
     let group = match (l.attn_group_blocks, l.attn_batch_blocks) {
         (0, 0) => q,
-        (g, 0) | (_, g) => i(g.clamp(1, l.num_anchors.max(1))) * i(c.block_size),
+        (g, 0) => i(g.clamp(1, l.num_anchors.max(1))) * i(c.block_size),
+        (_, g) => i(crate::model::objective::batch_blocks(l.num_anchors, g)) * i(c.block_size),
     };
     DrafterParts {
         weights: as_bytes(params * (2 * e + 16)),

@@ -245,7 +245,10 @@ impl DrafterTrainer {
                 let dense = objective::block_mask(&anchors.anchors, &anchors.keep, s, bs, window);
                 match self.cfg.attn_batch_blocks {
                     0 => objective::group_masks(&dense, &groups, s, self.kind),
-                    n => objective::batched_mask(&dense, s, n * bs, self.kind),
+                    n => {
+                        let n = objective::batch_blocks(self.cfg.num_anchors, n);
+                        objective::batched_mask(&dense, s, n * bs, self.kind)
+                    }
                 }
             };
             let full = grouped(None);
