@@ -164,6 +164,19 @@ def cycles(graph):
     return out
 
 
+def is_declaration(lines, i):
+    """Whether the `fn` at line i has no body (an `extern` block's declaration, a trait
+    method without a default): its signature, over one or more lines, ends with `;`
+    before any `{`."""
+    for line in lines[i:]:
+        code = line.split("//")[0].rstrip()
+        if "{" in code:
+            return False
+        if code.endswith(";"):
+            return True
+    return False
+
+
 def check_crate(crate_dir):
     problems = []
     src = os.path.join(crate_dir, "src")
@@ -177,7 +190,7 @@ def check_crate(crate_dir):
             problems.append(f"{path}: {len(lines) - 1} lines (more than {MAX_FILE})")
         for i, line in enumerate(lines):
             m = FN_RE.match(line)
-            if not m or line.rstrip().endswith(";"):
+            if not m or is_declaration(lines, i):
                 continue
             indent = m.group(1)
             for j in range(i + 1, len(lines)):

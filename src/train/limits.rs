@@ -48,6 +48,31 @@ const OPEN: bool = false;
 const MAX_TOKENS: i64 = 1 << 30;
 const MAX_COUNT: i64 = 1_000_000_000;
 
+/// The attention's layout: dense, query groups or batched groups, one at a time.
+fn attention_layout(cfg: &TrainConfig) -> Result<(), ConfigError> {
+    int(
+        "attn_group_blocks",
+        cfg.attn_group_blocks,
+        0,
+        MAX_TOKENS,
+        " (0: the dense mask)",
+    )?;
+    int(
+        "attn_batch_blocks",
+        cfg.attn_batch_blocks,
+        0,
+        cfg.num_anchors,
+        " (0: off; at most num_anchors)",
+    )?;
+    if cfg.attn_batch_blocks > 0 && cfg.attn_group_blocks > 0 {
+        return Err(ConfigError::Invalid(
+            "attn_batch_blocks and attn_group_blocks are two layouts of the attention: set one"
+                .into(),
+        ));
+    }
+    Ok(())
+}
+
 /// Checks every setting of `cfg` against its allowed range.
 pub fn check(cfg: &TrainConfig) -> Result<(), ConfigError> {
     let seq = cfg.seq_len as i64;
@@ -96,26 +121,7 @@ pub fn check(cfg: &TrainConfig) -> Result<(), ConfigError> {
         " (0: the reference value)",
     )?;
     int("chunk_blocks", cfg.chunk_blocks, 1, MAX_TOKENS, "")?;
-    int(
-        "attn_group_blocks",
-        cfg.attn_group_blocks,
-        0,
-        MAX_TOKENS,
-        " (0: the dense mask)",
-    )?;
-    int(
-        "attn_batch_blocks",
-        cfg.attn_batch_blocks,
-        0,
-        cfg.num_anchors,
-        " (0: off; at most num_anchors)",
-    )?;
-    if cfg.attn_batch_blocks > 0 && cfg.attn_group_blocks > 0 {
-        return Err(ConfigError::Invalid(
-            "attn_batch_blocks and attn_group_blocks are two layouts of the attention: set one"
-                .into(),
-        ));
-    }
+    attention_layout(cfg)?;
     int("drafter_layers", cfg.drafter_layers, 1, 1024, "")?;
     int(
         "sliding_layers",
