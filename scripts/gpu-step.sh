@@ -11,7 +11,7 @@
 #
 # Environment: VARIANTS (space-separated NAME[@BIN]:SETTING[,SETTING...]: BIN, another
 # dflash binary to run instead of BIN, for a before/after pair; default
-# "aten:fused_kernels=false target:fused_drafter_kernels=false fused:fused_kernels=true"),
+# "target:fused_drafter_kernels=false dense:attn_batch_blocks=0 batched:attn_batch_blocks=32"),
 # REPS (default 2), STEPS (default 60),
 # DEADLINE and RUN_TIMEOUT as in scripts/gpu-kernels.sh, PEER_EAGER (0: skip the eager
 # peer; default 1).
@@ -19,7 +19,7 @@ set -uo pipefail
 bin="${1:-target/release/dflash}"
 out="${2:-gpu-runs}"
 peer="${3:-}"
-variants="${VARIANTS:-aten:fused_kernels=false target:fused_drafter_kernels=false fused:fused_kernels=true}"
+variants="${VARIANTS:-target:fused_drafter_kernels=false dense:attn_batch_blocks=0 batched:attn_batch_blocks=32}"
 reps="${REPS:-2}"
 steps="${STEPS:-60}"
 source "$(dirname "${BASH_SOURCE[0]}")/gpu-common.sh"

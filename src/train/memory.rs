@@ -94,12 +94,22 @@ pub fn drafter_step(c: &DrafterConfig, l: &Load, elt: i64) -> DrafterParts {
         (g, 0) => i(g.clamp(1, l.num_anchors.max(1))) * i(c.block_size),
         (_, g) => i(crate::model::objective::batch_blocks(l.num_anchors, g)) * i(c.block_size),
     };
+    // batched groups keep each group's copy of all context keys, for keys and values, with
+    // the key/value heads and repeated to the query heads: per layer
+    // 2 x B x G x (S + len) x (Hkv + Hq) x D
+    let batched_keys = if l.attn_batch_blocks > 0 && l.attn_group_blocks == 0 {
+        let heads = i(c.num_key_value_heads + c.num_attention_heads);
+        2 * b * (q / group) * (s + group) * heads * i(c.head_dim)
+    } else {
+        0
+    };
     DrafterParts {
         weights: as_bytes(params * (2 * e + 16)),
         head: as_bytes(2 * i(c.vocab_size) * h * e),
         mask: as_bytes(masks * b * q * (2 * k + (s + group) * e)),
         activations: as_bytes(
-            i(c.num_hidden_layers) * b * (q * per_token + 2 * s * h) * e + b * s * taps * h * e,
+            i(c.num_hidden_layers) * (b * (q * per_token + 2 * s * h) + batched_keys) * e
+                + b * s * taps * h * e,
         ),
         logits: as_bytes(3 * b * chunk * i(c.block_size) * i(c.vocab_size) * 4),
     }
@@ -249,6 +259,20 @@ mod tests {
         let mut sliding = cfg();
         sliding.layer_types = vec![LayerType::Sliding];
         assert_eq!(drafter_step(&sliding, &l, 4).mask, 2 * p.mask);
+        // batched groups of 2 blocks (3 anchors: groups of 1, its largest divisor up to 2):
+        // 3 groups of 4 queries over 6 + 4 keys; their masks, and per layer (one here) the
+        // keys' and values' copies with 1 + 2 heads of 4
+        let batched = Load {
+            attn_group_blocks: 0,
+            attn_batch_blocks: 2,
+            ..l
+        };
+        let pb = drafter_step(&cfg(), &batched, 4);
+        assert_eq!(pb.mask, 2 * 12 * (18 * 2 + (6 + 4) * 4));
+        assert_eq!(
+            pb.activations - p.activations,
+            (2 * 2 * 3 * (6 + 4) * (1 + 2) * 4 * 4) as u64
+        );
     }
 
     #[test]
