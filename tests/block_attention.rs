@@ -262,50 +262,40 @@ fn group_widths_on_the_realistic_shape_take_few_values() {
 /// heads on 2 key/value heads): outputs and the gradients of q, k and v.
 #[test]
 fn the_grouped_node_matches_dense_attention_with_grouped_heads() {
-    use dflash::model::layers::{attention, grouped_attention};
+    use dflash::model::drafter::grouped_attention;
     let a = anchors();
     let (anc, keep) = host(&a);
     let q_len = N * BS;
-    let inputs = || {
-        (
-            uniform(&[2, 4, q_len, 8], 11).set_requires_grad(true),
-            uniform(&[2, 2, S + q_len, 8], 12).set_requires_grad(true),
-            uniform(&[2, 2, S + q_len, 8], 13).set_requires_grad(true),
-        )
-    };
     let probe = uniform(&[2, 4, q_len, 8], 14);
-    let dense = objective::block_mask(&a.anchors, &a.keep, S, BS, None);
-    let full = objective::group_masks(
-        &dense,
-        &objective::query_groups(&anc, &keep, N, S, BS, 0),
-        S,
-        Kind::Float,
-    );
-    let (q, k, v) = inputs();
-    let want = attention(&q, &k, &v, Some(&full.groups[0].1), false);
-    let want_grads = Tensor::run_backward(
-        &[(&want * &probe).sum(Kind::Float)],
-        &[&q, &k, &v],
-        false,
-        false,
-    );
-    for g in [1, 2, 4] {
-        let groups = objective::query_groups(&anc, &keep, N, S, BS, g);
-        let masks = objective::group_masks(&dense, &groups, S, Kind::Float);
-        let spec: Vec<_> = masks
-            .groups
-            .iter()
-            .map(|(g, m)| ((g.q0, g.len, g.ctx), m))
-            .collect();
-        let (q, k, v) = inputs();
-        let got = grouped_attention(&q, &k, &v, &spec, S);
+    // output and the gradients of q, k, v of one layout, from the same inputs every time
+    let run = |mask: &objective::GroupedMask| {
+        let q = uniform(&[2, 4, q_len, 8], 11).set_requires_grad(true);
+        let k = uniform(&[2, 2, S + q_len, 8], 12).set_requires_grad(true);
+        let v = uniform(&[2, 2, S + q_len, 8], 13).set_requires_grad(true);
+        let out = grouped_attention(&q, &k, &v, mask);
         let grads = Tensor::run_backward(
-            &[(&got * &probe).sum(Kind::Float)],
+            &[(&out * &probe).sum(Kind::Float)],
             &[&q, &k, &v],
             false,
             false,
         );
-        let o = max_diff(&[want.detach()], &[got.detach()]);
+        (out.detach(), grads)
+    };
+    let dense = objective::block_mask(&a.anchors, &a.keep, S, BS, None);
+    let layout = |g| {
+        objective::group_masks(
+            &dense,
+            &objective::query_groups(&anc, &keep, N, S, BS, g),
+            S,
+            Kind::Float,
+        )
+    };
+    let (want, want_grads) = run(&layout(0));
+    for g in [1, 2, 4] {
+        let mask = layout(g);
+        assert!(mask.groups.len() > 1);
+        let (got, grads) = run(&mask);
+        let o = max_diff(&[want.shallow_clone()], &[got]);
         let gr = max_diff(&want_grads, &grads);
         assert!(o < 1e-5, "groups of {g} blocks: outputs differ by {o}");
         assert!(gr < 1e-5, "groups of {g} blocks: gradients differ by {gr}");

@@ -406,7 +406,7 @@ fn norm_rope_under_autograd_matches_atens_gradients() {
 #[test]
 #[ignore = "needs a CUDA device"]
 fn the_grouped_attention_node_matches_dense_attention() {
-    use dflash::model::layers::{attention, batched_attention, grouped_attention};
+    use dflash::model::drafter::grouped_attention;
     let dev = cuda();
     let (s, n, bs) = (512i64, 32i64, 16i64);
     let q_len = n * bs;
@@ -418,51 +418,37 @@ fn the_grouped_attention_node_matches_dense_attention() {
     let a = Tensor::from_slice(&anc).view([2, n]).to_device(dev);
     let kp = Tensor::from_slice(&keep).view([2, n]).to_device(dev);
     let dense = objective::block_mask(&a, &kp, s, bs, None);
-    let inputs = || {
-        (
-            randn(&[2, 16, q_len, 128], 21).set_requires_grad(true),
-            randn(&[2, 8, s + q_len, 128], 22).set_requires_grad(true),
-            randn(&[2, 8, s + q_len, 128], 23).set_requires_grad(true),
-        )
-    };
     let probe = randn(&[2, 16, q_len, 128], 24);
-    let full = objective::group_masks(
-        &dense,
-        &objective::query_groups(&anc, &keep, n, s, bs, 0),
-        s,
-        Kind::BFloat16,
-    );
-    let (q, k, v) = inputs();
-    let want = attention(&q, &k, &v, Some(&full.groups[0].1), false);
-    let want_grads = Tensor::run_backward(
-        &[(&want * &probe).sum(Kind::Float)],
-        &[&q, &k, &v],
-        false,
-        false,
-    );
-    for (g, batched) in [(4, false), (8, false), (4, true), (8, true)] {
-        let (q, k, v) = inputs();
-        let got = if batched {
-            let m = objective::batched_mask(&dense, s, g * bs, Kind::BFloat16);
-            batched_attention(&q, &k, &v, &m.groups[0].1, s, g * bs)
-        } else {
-            let groups = objective::query_groups(&anc, &keep, n, s, bs, g);
-            assert!(groups.len() > 1);
-            let masks = objective::group_masks(&dense, &groups, s, Kind::BFloat16);
-            let spec: Vec<_> = masks
-                .groups
-                .iter()
-                .map(|(g, m)| ((g.q0, g.len, g.ctx), m))
-                .collect();
-            grouped_attention(&q, &k, &v, &spec, s)
-        };
-        let g = format!("{g}{}", if batched { " (batched)" } else { "" });
+    // output and the gradients of q, k, v of one layout, from the same inputs every time
+    let run = |mask: &objective::GroupedMask| {
+        let q = randn(&[2, 16, q_len, 128], 21).set_requires_grad(true);
+        let k = randn(&[2, 8, s + q_len, 128], 22).set_requires_grad(true);
+        let v = randn(&[2, 8, s + q_len, 128], 23).set_requires_grad(true);
+        let out = grouped_attention(&q, &k, &v, mask);
         let grads = Tensor::run_backward(
-            &[(&got * &probe).sum(Kind::Float)],
+            &[(&out * &probe).sum(Kind::Float)],
             &[&q, &k, &v],
             false,
             false,
         );
+        (out.detach(), grads)
+    };
+    let groups = |g| objective::query_groups(&anc, &keep, n, s, bs, g);
+    let (want, want_grads) = run(&objective::group_masks(
+        &dense,
+        &groups(0),
+        s,
+        Kind::BFloat16,
+    ));
+    for (g, batched) in [(4, false), (8, false), (4, true), (8, true)] {
+        let mask = if batched {
+            objective::batched_mask(&dense, s, g * bs, Kind::BFloat16)
+        } else {
+            objective::group_masks(&dense, &groups(g), s, Kind::BFloat16)
+        };
+        assert!(mask.batch > 0 || mask.groups.len() > 1);
+        let (got, grads) = run(&mask);
+        let g = format!("{g}{}", if batched { " (batched)" } else { "" });
         let o = rel_norm(&got, &want);
         assert!(
             o < 1e-2,

@@ -104,7 +104,7 @@ pub type Result<T, E = CudaError> = std::result::Result<T, E>;
 
 /// The text of a shim's error buffer (each C++ shim keeps a NUL-terminated thread-local
 /// one); empty for null.
-fn shim_text(p: *const c_char) -> String {
+pub(crate) fn shim_text(p: *const c_char) -> String {
     if p.is_null() {
         return String::new();
     }

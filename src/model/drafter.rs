@@ -231,8 +231,8 @@ impl DrafterLayer {
 /// Attention of `q` `[B, Hq, Q, D]` over `k`/`v` `[B, Hkv, S + Q, D]`, one query group at a
 /// time over the group's keys (the first `ctx` context keys and its own block keys): one
 /// group (the dense mask) is plain [`attention`], several are one autograd node
-/// ([`layers::grouped_attention`]).
-fn grouped_attention(q: &Tensor, k: &Tensor, v: &Tensor, mask: &GroupedMask) -> Tensor {
+/// ([`layers::grouped_attention`]), batched groups one call ([`layers::batched_attention`]).
+pub fn grouped_attention(q: &Tensor, k: &Tensor, v: &Tensor, mask: &GroupedMask) -> Tensor {
     let s = mask.seq_len;
     if mask.batch > 0 {
         return layers::batched_attention(q, k, v, &mask.groups[0].1, s, mask.batch);

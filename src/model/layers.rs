@@ -354,9 +354,9 @@ pub fn grouped_attention(
         )
     };
     if rc != 0 {
-        // SAFETY: the shim's NUL-terminated thread-local error buffer.
-        let msg = unsafe { std::ffi::CStr::from_ptr(ffi::dflash_attention_last_error()) };
-        panic!("grouped attention: {}", msg.to_string_lossy());
+        // SAFETY: an accessor without arguments.
+        let msg = crate::cuda::shim_text(unsafe { ffi::dflash_attention_last_error() });
+        panic!("grouped attention: {msg}");
     }
     // SAFETY: a tensor the shim allocated with `new at::Tensor`, taken once.
     unsafe { Tensor::from_ptr(out as *mut _) }
