@@ -346,6 +346,14 @@ fn the_batched_mask_stacks_each_groups_rows_over_all_context_keys() {
             assert_eq!(batched.batch, len);
             let m = &batched.groups[0].1;
             assert_eq!(m.size(), [2 * g, 1, len, S + len]);
+            // the training step's direct construction gives the same mask
+            let direct =
+                objective::batched_block_mask(&a.anchors, &a.keep, S, BS, window, len, Kind::Float);
+            assert_eq!(direct.batch, len);
+            assert!(
+                direct.groups[0].1.equal(m),
+                "window {window:?}, groups of {n}: the direct batched mask differs"
+            );
             let groups: Vec<QueryGroup> = (0..g)
                 .map(|i| QueryGroup {
                     q0: i * len,

@@ -400,8 +400,9 @@ fn norm_rope_under_autograd_matches_atens_gradients() {
     }
 }
 
-/// The grouped attention node and the batched groups against dense attention under the
-/// block mask, on the drafter's realistic head shape (16 query heads on 8 key/value heads
+/// The dense mask, the grouped attention node and the batched groups against attention
+/// over repeated key/value heads under the dense block mask, on the drafter's realistic
+/// head shape (16 query heads on 8 key/value heads
 /// of 128, bf16): outputs and the gradients of q, k and v, as relative norms.
 #[test]
 #[ignore = "needs a CUDA device"]
@@ -434,19 +435,49 @@ fn the_grouped_attention_node_matches_dense_attention() {
         (out.detach(), grads)
     };
     let groups = |g| objective::query_groups(&anc, &keep, n, s, bs, g);
-    let (want, want_grads) = run(&objective::group_masks(
-        &dense,
-        &groups(0),
-        s,
-        Kind::BFloat16,
-    ));
-    for (g, batched) in [(4, false), (8, false), (4, true), (8, true)] {
+    // the reference: ATen's attention over explicitly repeated key/value heads, under the
+    // dense mask (the layouts below hand cuDNN the grouped heads as they are)
+    let add = Tensor::zeros(dense.size(), (Kind::BFloat16, dev))
+        .masked_fill(&dense.logical_not(), f64::NEG_INFINITY);
+    let (want, want_grads) = {
+        let q = randn(&[2, 16, q_len, 128], 21).set_requires_grad(true);
+        let k = randn(&[2, 8, s + q_len, 128], 22).set_requires_grad(true);
+        let v = randn(&[2, 8, s + q_len, 128], 23).set_requires_grad(true);
+        let rep = |t: &Tensor| t.repeat_interleave_self_int(2, 1, None);
+        let out = Tensor::scaled_dot_product_attention(
+            &q,
+            &rep(&k),
+            &rep(&v),
+            Some(&add),
+            0.0,
+            false,
+            None,
+            false,
+        );
+        let grads = Tensor::run_backward(
+            &[(&out * &probe).sum(Kind::Float)],
+            &[&q, &k, &v],
+            false,
+            false,
+        );
+        (out.detach(), grads)
+    };
+    // on this GPU the dispatcher sends the grouped heads with a mask to cuDNN as they are
+    {
+        let q = randn(&[2, 16, q_len, 128], 21);
+        let k = randn(&[2, 8, s + q_len, 128], 22);
+        assert!(
+            dflash::model::layers::masked_gqa_native(&q, &k, &k, &add),
+            "the masked attention with grouped heads goes to cuDNN"
+        );
+    }
+    for (g, batched) in [(0, false), (4, false), (8, false), (4, true), (8, true)] {
         let mask = if batched {
-            objective::batched_mask(&dense, s, g * bs, Kind::BFloat16)
+            objective::batched_block_mask(&a, &kp, s, bs, None, g * bs, Kind::BFloat16)
         } else {
             objective::group_masks(&dense, &groups(g), s, Kind::BFloat16)
         };
-        assert!(mask.batch > 0 || mask.groups.len() > 1);
+        assert!(g == 0 || mask.batch > 0 || mask.groups.len() > 1);
         let (got, grads) = run(&mask);
         let g = format!("{g}{}", if batched { " (batched)" } else { "" });
         let o = rel_norm(&got, &want);

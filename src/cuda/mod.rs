@@ -71,6 +71,7 @@ mod ffi {
             exp_avg: *mut c_void,
             exp_avg_sq: *mut c_void,
             step: *mut c_void,
+            grad_divisor: *mut c_void,
             lr: f64,
             beta1: f64,
             beta2: f64,

@@ -15,16 +15,20 @@ pub struct AdamWStep {
 
 /// One update with ATen's fused AdamW kernel (one pass over the tensors instead of about
 /// ten elementwise kernels). All tensors are fp32 and on one device; `step` holds the
-/// step count of this update (one element). The update is made in place.
+/// step count of this update (one element). With `grad_divisor` (one element) the kernel
+/// first divides the gradient by it, in place: gradient clipping without a pass of its own.
+/// The update is made in place.
 pub fn fused_adamw(
     param: &tch::Tensor,
     grad: &tch::Tensor,
     exp_avg: &tch::Tensor,
     exp_avg_sq: &tch::Tensor,
     step: &tch::Tensor,
+    grad_divisor: Option<&tch::Tensor>,
     h: AdamWStep,
 ) -> Result<()> {
     let p = |t: &tch::Tensor| t.as_ptr() as *mut c_void;
+    let divisor = grad_divisor.map_or(std::ptr::null_mut(), p);
     // SAFETY: each pointer is tch's `torch::Tensor*`, valid while borrowed here; the
     // kernel writes the tensors' data in place, which tch allows for these owned buffers.
     check("fused_adamw", unsafe {
@@ -34,6 +38,7 @@ pub fn fused_adamw(
             p(exp_avg),
             p(exp_avg_sq),
             p(step),
+            divisor,
             h.lr,
             h.beta1,
             h.beta2,

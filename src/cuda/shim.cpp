@@ -215,17 +215,22 @@ int dflash_cuda_record_stream(void* tensor, int device, int64_t stream_id) {
 // One fused AdamW update (ATen's multi-tensor kernel, a single pass) of the fp32 tensors
 // `param` from `grad`, with moments `exp_avg`/`exp_avg_sq` and the step count `step` (a
 // one-element fp32 tensor on the same device, already incremented for this update).
+// `grad_divisor`, when not null, is a one-element fp32 tensor the kernel divides the
+// gradient by first (and writes the divided gradient back), the unscaling AMP uses.
 int dflash_fused_adamw(void* param, void* grad, void* exp_avg, void* exp_avg_sq, void* step,
-                       double lr, double beta1, double beta2, double weight_decay, double eps) {
+                       void* grad_divisor, double lr, double beta1, double beta2,
+                       double weight_decay, double eps) {
   SHIM_TRY({
     auto& p = *static_cast<torch::Tensor*>(param);
     auto& g = *static_cast<torch::Tensor*>(grad);
     auto& m = *static_cast<torch::Tensor*>(exp_avg);
     auto& v = *static_cast<torch::Tensor*>(exp_avg_sq);
     auto& t = *static_cast<torch::Tensor*>(step);
+    std::optional<at::Tensor> divisor;
+    if (grad_divisor != nullptr) divisor = *static_cast<torch::Tensor*>(grad_divisor);
     at::NoGradGuard no_grad;
     at::_fused_adamw_({p}, {g}, {m}, {v}, {}, {t}, lr, beta1, beta2, weight_decay, eps,
-                      /*amsgrad=*/false, /*maximize=*/false);
+                      /*amsgrad=*/false, /*maximize=*/false, divisor);
     return 0;
   })
 }

@@ -264,9 +264,13 @@ impl Rope {
 
 /// Scaled dot-product attention with grouped-query heads.
 ///
-/// `q` is `[B, Hq, Lq, D]`, `k`/`v` are `[B, Hkv, Lk, D]`. With a mask, key/value heads are
-/// repeated explicitly, because the memory-efficient kernels that take an arbitrary mask do
-/// not all support grouped heads; without one the kernel handles the grouping itself.
+/// `q` is `[B, Hq, Lq, D]`, `k`/`v` are `[B, Hkv, Lk, D]`. Without a mask the kernel
+/// handles the grouping itself. With one, only cuDNN's kernel takes grouped heads (the
+/// memory-efficient kernel refuses them, and the dispatcher would fall back to the math
+/// path), so the heads are repeated explicitly unless the dispatcher picks cuDNN for the
+/// grouped call ([`masked_gqa_native`]). On one H100 (realistic batched layout, one layer
+/// forward and backward) that saves the repeat's copy and its backward's reduction: 1.85 ms
+/// against 1.56.
 pub fn attention(
     q: &Tensor,
     k: &Tensor,
@@ -276,6 +280,9 @@ pub fn attention(
 ) -> Tensor {
     let groups = q.size()[1] / k.size()[1];
     match mask {
+        Some(mask) if groups > 1 && masked_gqa_native(q, k, v, mask) => {
+            Tensor::scaled_dot_product_attention(q, k, v, Some(mask), 0.0, false, None, true)
+        }
         Some(mask) if groups > 1 => {
             let k = k.repeat_interleave_self_int(groups, 1, None);
             let v = v.repeat_interleave_self_int(groups, 1, None);
@@ -295,6 +302,16 @@ pub fn attention(
             groups > 1,
         ),
     }
+}
+
+/// Whether a masked attention call with grouped heads can go to a kernel that takes them
+/// as they are: ATen's dispatcher picks cuDNN (backend 3 of `_fused_sdp_choice`) for it.
+/// Never on the CPU, whose path stays the explicit repeat the tests were written against.
+pub fn masked_gqa_native(q: &Tensor, k: &Tensor, v: &Tensor, mask: &Tensor) -> bool {
+    const CUDNN_ATTENTION: i64 = 3;
+    q.device().is_cuda()
+        && Tensor::internal_fused_sdp_choice(q, k, v, Some(mask), 0.0, false, None, true)
+            == CUDNN_ATTENTION
 }
 
 mod ffi {
@@ -366,6 +383,9 @@ pub fn grouped_attention(
 /// `[B, Hq, Q, D]` becomes `[B * G, Hq, len, D]` (a view), each group's keys the `S`
 /// context keys followed by its own `len` block keys, `[B * G, Hkv, S + len, D]` (one copy),
 /// and one attention call over the `[B * G, 1, len, S + len]` mask computes every group.
+/// The copy is laid out `[B * G, S + len, Hkv, D]` (handed over as a transposed view, which
+/// the attention kernels take): the keys arrive in that layout from the projections, so it
+/// copies whole rows instead of gathering them into `[.., Hkv, S + len, D]`.
 pub fn batched_attention(
     q: &Tensor,
     k: &Tensor,
@@ -382,15 +402,14 @@ pub fn batched_attention(
         .permute([0, 2, 1, 3, 4])
         .reshape([b * g, hq, len, d]);
     let keys = |t: &Tensor| {
-        let ctx = t
-            .narrow(2, 0, s)
-            .unsqueeze(1)
-            .expand([b, g, hkv, s, d], false);
-        let own = t
-            .narrow(2, s, ql)
-            .reshape([b, hkv, g, len, d])
-            .permute([0, 2, 1, 3, 4]);
-        Tensor::cat(&[ctx, own], 3).reshape([b * g, hkv, s + len, d])
+        // [B, Hkv, S + Q, D] -> [B, S + Q, Hkv, D]; split, not narrow: the backward of a
+        // split is one concatenation, of each narrow a zero fill, a copy and an add
+        let rows = t.transpose(1, 2).split_with_sizes([s, ql], 1);
+        let ctx = rows[0].unsqueeze(1).expand([b, g, s, hkv, d], false);
+        let own = rows[1].reshape([b, g, len, hkv, d]);
+        Tensor::cat(&[ctx, own], 2)
+            .reshape([b * g, s + len, hkv, d])
+            .transpose(1, 2)
     };
     attention(&qb, &keys(k), &keys(v), Some(mask), false)
         .reshape([b, g, hq, len, d])

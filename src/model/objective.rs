@@ -100,34 +100,56 @@ pub fn block_mask(
 ) -> Tensor {
     let (b, n) = (anchors.size()[0], anchors.size()[1]);
     let q_len = n * block_size;
+    let kv = Tensor::arange(seq_len + q_len, (Kind::Int64, anchors.device())).view([1, -1]);
+    allow_mask(anchors, keep, seq_len, block_size, window, &kv).view([b, 1, q_len, seq_len + q_len])
+}
+
+/// [`block_mask`] evaluated at chosen keys: `kv` `[G, K]` holds, for each of `G` equal
+/// query groups (group `g` is queries `[g * Q / G, (g + 1) * Q / G)`), the key indices
+/// (into the `S + Q` keys) its columns stand for. Returns `[B, G, Q / G, K]` (bool).
+fn allow_mask(
+    anchors: &Tensor,
+    keep: &Tensor,
+    seq_len: i64,
+    block_size: i64,
+    window: Option<i64>,
+    kv: &Tensor,
+) -> Tensor {
+    let (b, n) = (anchors.size()[0], anchors.size()[1]);
+    let g = kv.size()[0];
+    let q_len = n * block_size;
+    let len = q_len / g;
     let dev = anchors.device();
-    // 1. per query: its block, offset, anchor and keep flag, (B, Q, 1)
-    let q = Tensor::arange(q_len, (Kind::Int64, dev));
+    // 1. per query: its block, offset, anchor and keep flag, (B | 1, G, len, 1)
+    let q = Tensor::arange(q_len, (Kind::Int64, dev)).view([1, g, len, 1]);
     let bq = q.divide_scalar_mode(block_size, "floor");
     let oq = q.remainder(block_size);
     let a = anchors
         .repeat_interleave_self_int(block_size, 1, None)
-        .unsqueeze(-1);
+        .view([b, g, len, 1]);
     let kept = keep
         .repeat_interleave_self_int(block_size, 1, None)
-        .unsqueeze(-1);
-    // 2. per key index, (1, 1, S+Q)
-    let kv = Tensor::arange(seq_len + q_len, (Kind::Int64, dev)).view([1, 1, -1]);
+        .view([b, g, len, 1]);
+    // 2. per key, (1, G, 1, K)
+    let kv = kv.view([1, g, 1, -1]);
     let ctx = kv.lt(seq_len).logical_and(&kv.lt_tensor(&a));
     let kv_block = (&kv - seq_len).divide_scalar_mode(block_size, "floor");
-    let draft = kv
-        .ge(seq_len)
-        .logical_and(&kv_block.eq_tensor(&bq.view([1, -1, 1])));
+    let draft = kv.ge(seq_len).logical_and(&kv_block.eq_tensor(&bq));
     let mut allow = ctx.logical_or(&draft);
     if let Some(w) = window {
-        let lo = &a + oq.view([1, -1, 1]) - (w - 1);
+        let lo = &a + oq - (w - 1);
         allow = allow.logical_and(&kv.ge_tensor(&lo));
     }
     let allow = allow.logical_and(&kept);
     // 3. unused slots attend to their own block only
-    allow
-        .logical_or(&draft.logical_and(&kept.logical_not()))
-        .view([b, 1, q_len, seq_len + q_len])
+    allow.logical_or(&draft.logical_and(&kept.logical_not()))
+}
+
+/// `0` where `allow`, `-inf` elsewhere, in `kind`: one kernel.
+fn additive(allow: &Tensor, kind: Kind) -> Tensor {
+    let opts = (kind, allow.device());
+    Tensor::scalar_tensor(0.0, opts)
+        .where_self(allow, &Tensor::scalar_tensor(f64::NEG_INFINITY, opts))
 }
 
 /// A group of query blocks that attend together: queries `[q0, q0 + len)` and, as keys,
@@ -231,9 +253,7 @@ pub fn group_masks(full: &Tensor, groups: &[QueryGroup], seq_len: i64, kind: Kin
         .map(|g| {
             let rows = full.narrow(2, g.q0, g.len);
             let allow = g.keys_of(&rows, seq_len, 3);
-            let add = Tensor::zeros(allow.size(), (kind, allow.device()))
-                .masked_fill(&allow.logical_not(), f64::NEG_INFINITY);
-            (*g, add)
+            (*g, additive(&allow, kind))
         })
         .collect();
     GroupedMask {
@@ -249,7 +269,8 @@ pub fn group_masks(full: &Tensor, groups: &[QueryGroup], seq_len: i64, kind: Kin
 /// `[B * G, 1, len, S + len]` (row `b * G + g`), additive in `kind`. Every group has one
 /// shape, so one attention call computes them all: on the realistic shape (S 2048, Q 4096,
 /// groups of 512) 42% of the dense mask's `(query, key)` pairs, with none of the per-group
-/// calls of [`group_masks`].
+/// calls of [`group_masks`]. This cuts the groups out of a dense mask that exists; the
+/// training step builds them directly with [`batched_block_mask`].
 pub fn batched_mask(full: &Tensor, seq_len: i64, len: i64, kind: Kind) -> GroupedMask {
     let (b, q) = (full.size()[0], full.size()[2]);
     let g = q / len;
@@ -265,8 +286,40 @@ pub fn batched_mask(full: &Tensor, seq_len: i64, len: i64, kind: Kind) -> Groupe
     let allow = Tensor::cat(&[ctx, own], 4)
         .permute([0, 2, 1, 3, 4])
         .reshape([b * g, 1, len, seq_len + len]);
-    let add = Tensor::zeros(allow.size(), (kind, allow.device()))
-        .masked_fill(&allow.logical_not(), f64::NEG_INFINITY);
+    batched(additive(&allow, kind), seq_len, q, len)
+}
+
+/// [`batched_mask`] of [`block_mask`]`(anchors, keep, seq_len, block_size, window)`,
+/// computed at the batched layout's `(query, key)` pairs only (42% of the dense mask's on
+/// the realistic shape) instead of cut out of the dense mask.
+pub fn batched_block_mask(
+    anchors: &Tensor,
+    keep: &Tensor,
+    seq_len: i64,
+    block_size: i64,
+    window: Option<i64>,
+    len: i64,
+    kind: Kind,
+) -> GroupedMask {
+    let (b, n) = (anchors.size()[0], anchors.size()[1]);
+    let q = n * block_size;
+    let g = q / len;
+    assert_eq!(g * len, q, "{q} queries do not split into groups of {len}");
+    let dev = anchors.device();
+    // group g's columns: the S context keys, then its own block keys S + g * len + j
+    let ctx = Tensor::arange(seq_len, (Kind::Int64, dev)).expand([g, seq_len], false);
+    let own = Tensor::arange(q, (Kind::Int64, dev)).view([g, len]) + seq_len;
+    let kv = Tensor::cat(&[ctx, own], 1);
+    let allow = allow_mask(anchors, keep, seq_len, block_size, window, &kv).view([
+        b * g,
+        1,
+        len,
+        seq_len + len,
+    ]);
+    batched(additive(&allow, kind), seq_len, q, len)
+}
+
+fn batched(add: Tensor, seq_len: i64, q: i64, len: i64) -> GroupedMask {
     GroupedMask {
         seq_len,
         groups: vec![(

@@ -106,18 +106,36 @@ impl AdamW {
         norm
     }
 
+    /// The norm of `grad` (a device scalar) and the divisor that clips it to at most
+    /// `max_norm`, `max(1, (norm + 1e-6) / max_norm)`, for [`AdamW::step_divided`]: the
+    /// clipping [`AdamW::clip`] does, left to the update's own pass over the gradient.
+    pub fn clip_divisor(grad: &Tensor, max_norm: f64) -> (Tensor, Tensor) {
+        let norm = grad.norm();
+        let divisor = ((&norm + 1e-6) / max_norm).clamp_min(1.0);
+        (norm, divisor)
+    }
+
     /// One AdamW update with learning rate `lr` from the flat fp32 gradient `grad`, then
     /// refreshes the model's parameters and clears their gradients.
     pub fn step(&mut self, grad: &Tensor, lr: f64) {
+        self.step_divided(grad, lr, None);
+    }
+
+    /// [`AdamW::step`] from `grad / divisor` (a device scalar, see [`AdamW::clip_divisor`]).
+    /// On CUDA the fused kernel divides as it reads the gradient; `grad` then holds the
+    /// divided gradient.
+    pub fn step_divided(&mut self, grad: &Tensor, lr: f64, divisor: Option<&Tensor>) {
         self.step += 1;
         let c = self.cfg;
         let t = self.step as f64;
-        if self.master.device().is_cuda() && self.fused_step(grad, lr) {
+        if self.master.device().is_cuda() && self.fused_step(grad, lr, divisor) {
             for p in &mut self.params {
                 p.zero_grad();
             }
             return;
         }
+        let divided = divisor.map(|d| grad / d);
+        let grad = divided.as_ref().unwrap_or(grad);
         tch::no_grad(|| {
             if c.weight_decay != 0.0 {
                 let _ = self.master.g_mul_scalar_(1.0 - lr * c.weight_decay);
@@ -145,7 +163,7 @@ impl AdamW {
     /// The update of [`AdamW::step`] as ATen's fused kernel (CUDA): one pass instead of
     /// about ten kernels over the flat buffers (the H200 figures are in
     /// docs/gpu-results.md). False, with a warning once, if the kernel is unavailable.
-    fn fused_step(&mut self, grad: &Tensor, lr: f64) -> bool {
+    fn fused_step(&mut self, grad: &Tensor, lr: f64, divisor: Option<&Tensor>) -> bool {
         use std::sync::atomic::{AtomicBool, Ordering};
         static WARNED: AtomicBool = AtomicBool::new(false);
         let c = self.cfg;
@@ -166,6 +184,7 @@ impl AdamW {
             &self.exp_avg,
             &self.exp_avg_sq,
             step,
+            divisor,
             h,
         ) {
             Ok(()) => {
@@ -292,13 +311,59 @@ mod tests {
             let g = Tensor::from_slice(&[0.5f32, -4.0, 1e-3, 2.0, -0.7]) * (i as f64 + 1.0);
             plain.step(&g, lr);
             fused.step += 1;
-            assert!(fused.fused_step(&g, lr), "the fused kernel ran");
+            assert!(fused.fused_step(&g, lr, None), "the fused kernel ran");
             let (a, b) = (p1.detach(), p2.detach());
             let d = (&a - &b).abs().max().double_value(&[]);
             assert!(d < 1e-6, "step {i}: {a:?} vs {b:?}");
             let moved = (&b - &init).abs().min().double_value(&[]);
             assert!(moved > 0.0, "every value moved");
         }
+    }
+
+    #[test]
+    fn clipping_by_the_updates_divisor_matches_clipping_the_gradient_first() {
+        // clip() scales the gradient, then the update; clip_divisor() leaves the division
+        // to the update, the unfused one and the fused kernel's (on the CPU here)
+        let init = Tensor::from_slice(&[1.0f32, -2.0, 0.25, 3.0, -0.5]);
+        let make = || {
+            let p = init.copy().set_requires_grad(true);
+            let opt = AdamW::new(
+                vec![("p".into(), p.shallow_clone())],
+                AdamWConfig::default(),
+            );
+            (opt.unwrap(), p)
+        };
+        let (mut want, p0) = make();
+        let (mut unfused, p1) = make();
+        let (mut fused, p2) = make();
+        // norms 4.6, 0.46 (no clipping) and 9.2 against max_norm 1
+        for (i, scale) in [1.0, 0.1, 2.0].into_iter().enumerate() {
+            let g = Tensor::from_slice(&[0.5f32, -4.0, 1e-3, 2.0, -0.7]) * scale;
+            let mut clipped = g.copy();
+            let n0 = AdamW::clip(&mut clipped, 1.0);
+            want.step(&clipped, 0.1);
+            let (n1, d1) = AdamW::clip_divisor(&g, 1.0);
+            unfused.step_divided(&g, 0.1, Some(&d1));
+            let g2 = g.copy();
+            let (_, d2) = AdamW::clip_divisor(&g2, 1.0);
+            fused.step += 1;
+            assert!(
+                fused.fused_step(&g2, 0.1, Some(&d2)),
+                "the fused kernel ran"
+            );
+            assert!((n0.double_value(&[]) - n1.double_value(&[])).abs() < 1e-6);
+            let d = (&g2 - &clipped).abs().max().double_value(&[]);
+            assert!(
+                d < 1e-6,
+                "step {i}: the fused kernel leaves the divided gradient"
+            );
+            for (name, p) in [("unfused", &p1), ("fused", &p2)] {
+                let d = (p.detach() - p0.detach()).abs().max().double_value(&[]);
+                assert!(d < 1e-6, "step {i}: {name} differs by {d}");
+            }
+        }
+        let moved = (p0.detach() - &init).abs().min().double_value(&[]);
+        assert!(moved > 1e-3, "every value moved");
     }
 
     #[test]

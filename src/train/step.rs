@@ -241,14 +241,15 @@ impl DrafterTrainer {
         };
         let masks = {
             let _s = section(trace_name!(names::DRAFTER_MASK), self.device);
-            let grouped = |window| {
-                let dense = objective::block_mask(&anchors.anchors, &anchors.keep, s, bs, window);
-                match self.cfg.attn_batch_blocks {
-                    0 => objective::group_masks(&dense, &groups, s, self.kind),
-                    n => {
-                        let n = objective::batch_blocks(self.cfg.num_anchors, n);
-                        objective::batched_mask(&dense, s, n * bs, self.kind)
-                    }
+            let (a, keep) = (&anchors.anchors, &anchors.keep);
+            let grouped = |window| match self.cfg.attn_batch_blocks {
+                0 => {
+                    let dense = objective::block_mask(a, keep, s, bs, window);
+                    objective::group_masks(&dense, &groups, s, self.kind)
+                }
+                n => {
+                    let len = objective::batch_blocks(self.cfg.num_anchors, n) * bs;
+                    objective::batched_block_mask(a, keep, s, bs, window, len, self.kind)
                 }
             };
             let full = grouped(None);
@@ -314,15 +315,16 @@ impl DrafterTrainer {
             let _s = section(trace_name!(names::DRAFTER_BACKWARD), self.device);
             out.loss.f_backward()?;
         }
-        let (grad, norm) = {
+        // the clip section computes the norm and the divisor; the optimizer's pass divides
+        let (grad, norm, divisor) = {
             let _s = section(trace_name!(names::DRAFTER_CLIP), self.device);
-            let mut grad = self.opt.flat_grad();
-            let norm = AdamW::clip(&mut grad, self.cfg.grad_clip);
-            (grad, norm)
+            let grad = self.opt.flat_grad();
+            let (norm, divisor) = AdamW::clip_divisor(&grad, self.cfg.grad_clip);
+            (grad, norm, divisor)
         };
         {
             let _s = section(trace_name!(names::DRAFTER_OPTIMIZER), self.device);
-            self.opt.step(&grad, lr);
+            self.opt.step_divided(&grad, lr, Some(&divisor));
         }
         let _s = trace::span(trace_name!(names::DRAFTER_METRICS));
         read_metrics(&out, &m, Some(&norm), batch)
