@@ -139,10 +139,13 @@ fn the_kernels_decline_autograd_other_dtypes_and_layouts() {
     // the drafter's kernels switched off: no autograd node, no loss pass
     kernels::set_drafter_enabled(false);
     assert!(kernels::norm_rope(&x, Some(&w), &rope.cos, &rope.sin, 1e-6).is_none());
+    let gate = randn(&[4, 64], 14).set_requires_grad(true);
+    assert!(kernels::silu_mul(&gate, &gate).is_none());
     let mut z = randn(&[4, 64], 13);
     assert!(kernels::softmax_xent(&mut z, &Tensor::zeros([4], (Kind::Int64, dev))).is_none());
     kernels::set_drafter_enabled(true);
     assert!(kernels::norm_rope(&x, Some(&w), &rope.cos, &rope.sin, 1e-6).is_some());
+    assert!(kernels::silu_mul(&gate, &gate).is_some());
     let x = x.detach();
     let x32 = x.to_kind(Kind::Float);
     let rope32 = Rope::new(&positions, 64, 10_000.0, Kind::Float);
@@ -337,6 +340,54 @@ fn the_fused_loss_with_the_kernel_matches_the_aten_path() {
 fn rel_norm(got: &Tensor, want: &Tensor) -> f64 {
     let (g, w) = (got.to_kind(Kind::Float), want.to_kind(Kind::Float));
     (&g - &w).norm().double_value(&[]) / w.norm().double_value(&[]).max(1e-30)
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn silu_mul_under_autograd_matches_atens_gradients() {
+    let _g = lock();
+    // the drafter's MLP shape (4096 x 3072) and an odd row count
+    for (r, c) in [(4096, 3072), (37, 24)] {
+        let g0 = randn(&[r, c], 50) * 3.0;
+        let u0 = randn(&[r, c], 51);
+        let dy = randn(&[r, c], 52);
+        let grads = |fused: bool| {
+            kernels::set_enabled(fused);
+            let g = g0.detach().set_requires_grad(true);
+            let u = u0.detach().set_requires_grad(true);
+            let before = kernels::launches();
+            let y = match fused {
+                true => kernels::silu_mul(&g, &u).expect("the fused path applies under autograd"),
+                false => g.silu() * &u,
+            };
+            assert_eq!(kernels::launches() - before, u64::from(fused));
+            (&y * &dy).sum(Kind::Float).backward();
+            (y.detach(), g.grad(), u.grad())
+        };
+        let (y_a, dg_a, du_a) = grads(false);
+        let (y_f, dg_f, du_f) = grads(true);
+        kernels::set_enabled(true);
+        let what = format!("[{r}, {c}]");
+        assert_close(&format!("y {what}"), &y_f, &y_a);
+        assert_close(&format!("dg {what}"), &dg_f, &dg_a);
+        assert_close(&format!("du {what}"), &du_f, &du_a);
+        // against an fp32 reference, no worse than ATen's
+        let g32 = g0.to_kind(Kind::Float).set_requires_grad(true);
+        let u32 = u0.to_kind(Kind::Float).set_requires_grad(true);
+        (g32.silu() * &u32 * dy.to_kind(Kind::Float))
+            .sum(Kind::Float)
+            .backward();
+        for (name, f, a, r32) in [
+            ("dg", &dg_f, &dg_a, g32.grad()),
+            ("du", &du_f, &du_a, u32.grad()),
+        ] {
+            let (ef, ea) = (rel_norm(f, &r32), rel_norm(a, &r32));
+            assert!(
+                ef <= 1.5 * ea + 1e-3,
+                "{name} {what}: {ef:.2e} from fp32, ATen's {ea:.2e}"
+            );
+        }
+    }
 }
 
 #[test]

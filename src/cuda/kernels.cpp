@@ -158,12 +158,14 @@ enum Kernel {
   NORM_ROPE_BWD_C8,
   ADD_RMS_NORM,
   SILU_MUL,
+  SILU_MUL_BWD,
   SOFTMAX_XENT,
   KERNEL_COUNT
 };
 const char* kernel_names[KERNEL_COUNT] = {"norm_rope_c2",     "norm_rope_c4",     "norm_rope_c8",
                                           "norm_rope_bwd_c2", "norm_rope_bwd_c4", "norm_rope_bwd_c8",
-                                          "add_rms_norm",     "silu_mul",         "softmax_xent"};
+                                          "add_rms_norm",     "silu_mul",         "silu_mul_bwd",
+                                          "softmax_xent"};
 
 struct Module {
   CUfunction fn[KERNEL_COUNT] = {};
@@ -407,6 +409,60 @@ struct NormRopeFn : public torch::autograd::Function<NormRopeFn> {
     return {dx, dw, at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
+// silu(gate) * up into y (allocated here), gate and up contiguous of one shape with a
+// multiple of 8 elements; 0, or an error code with the reason set.
+int silu_mul_run(const at::Tensor& g, const at::Tensor& u, at::Tensor* y_out) {
+  c10::cuda::CUDAGuard guard(g.device());
+  auto y = at::empty_like(g);
+  if (g.numel() > 0) {
+    const void* gp = g.data_ptr();
+    const void* up = u.data_ptr();
+    void* yp = y.data_ptr();
+    long long n8 = g.numel() / 8;
+    constexpr unsigned block = 256;
+    void* args[] = {&gp, &up, &yp, &n8};
+    int rc = launch(g.get_device(), SILU_MUL, static_cast<unsigned>((n8 + block - 1) / block), block, args);
+    if (rc != 0) return rc;
+  }
+  *y_out = std::move(y);
+  return 0;
+}
+
+// silu(gate) * up under autograd: the fused kernel forward and backward.
+struct SiluMulFn : public torch::autograd::Function<SiluMulFn> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, at::Tensor g, at::Tensor u) {
+    at::Tensor y;
+    if (silu_mul_run(g, u, &y) != 0) throw std::runtime_error(kernel_error);
+    ctx->save_for_backward({g, u});
+    return y;
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    if (!grads[0].defined()) return {at::Tensor(), at::Tensor()};
+    auto saved = ctx->get_saved_variables();
+    const at::Tensor& g = saved[0];
+    const at::Tensor& u = saved[1];
+    const at::Tensor dy = grads[0].contiguous();
+    c10::cuda::CUDAGuard guard(g.device());
+    auto dg = at::empty_like(g);
+    auto du = at::empty_like(u);
+    if (g.numel() > 0) {
+      const void* gp = g.data_ptr();
+      const void* up = u.data_ptr();
+      const void* dyp = dy.data_ptr();
+      void* dgp = dg.data_ptr();
+      void* dup = du.data_ptr();
+      long long n8 = g.numel() / 8;
+      constexpr unsigned block = 256;
+      void* args[] = {&gp, &up, &dyp, &dgp, &dup, &n8};
+      if (launch(g.get_device(), SILU_MUL_BWD, static_cast<unsigned>((n8 + block - 1) / block), block, args) != 0)
+        throw std::runtime_error(kernel_error);
+    }
+    return {dg, du};
+  }
+};
+
 }  // namespace
 
 extern "C" {
@@ -471,25 +527,22 @@ int dflash_add_rms_norm(void* a_, void* b_, void* weight_, double eps, void** su
   })
 }
 
-// silu(gate) * up, both contiguous of one shape with a multiple of 8 elements.
-int dflash_silu_mul(void* gate_, void* up_, void** out) {
+// silu(gate) * up, both contiguous of one shape with a multiple of 8 elements. Under
+// autograd only with allow_grad set, as a node whose backward is silu_mul_bwd.
+int dflash_silu_mul(void* gate_, void* up_, int allow_grad, void** out) {
   KERNEL_TRY({
     const at::Tensor& g = *static_cast<at::Tensor*>(gate_);
     const at::Tensor& u = *static_cast<at::Tensor*>(up_);
-    if (!applies({&g, &u})) return 1;
+    if (!serves({&g, &u})) return 1;
     if (g.sizes() != u.sizes() || !g.is_contiguous() || !u.is_contiguous() || g.numel() % 8 != 0) return 1;
-    c10::cuda::CUDAGuard guard(g.device());
-    auto y = at::empty_like(g);
-    if (g.numel() > 0) {
-      const void* gp = g.data_ptr();
-      const void* up = u.data_ptr();
-      void* yp = y.data_ptr();
-      long long n8 = g.numel() / 8;
-      constexpr unsigned block = 256;
-      void* args[] = {&gp, &up, &yp, &n8};
-      int rc = launch(g.get_device(), SILU_MUL, static_cast<unsigned>((n8 + block - 1) / block), block, args);
-      if (rc != 0) return rc;
+    if (needs_grad({&g, &u})) {
+      if (!allow_grad) return 1;
+      *out = new at::Tensor(SiluMulFn::apply(g, u));
+      return 0;
     }
+    at::Tensor y;
+    int rc = silu_mul_run(g, u, &y);
+    if (rc != 0) return rc;
     *out = new at::Tensor(std::move(y));
     return 0;
   })

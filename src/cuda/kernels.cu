@@ -9,6 +9,7 @@
 //                 rms_norm's backward and its weight-gradient kernel -> one
 //   add_rms_norm  residual sum and the next RMSNorm: add, rms_norm (two) -> one
 //   silu_mul      SwiGLU's silu(gate) * up: silu, mul (two) -> one
+//   silu_mul_bwd  its backward (the drafter's): mul, mul, silu_backward (three) -> one
 //   softmax_xent  the drafter loss's pass over a chunk of logits (no autograd there):
 //                 softmax, argmax, gather, scatter, sum (five passes) -> two reads, one
 //                 write
@@ -241,6 +242,29 @@ extern "C" __global__ void silu_mul(const bf16_t* __restrict__ g, const bf16_t* 
 #pragma unroll
   for (int j = 0; j < 8; ++j) vg[j] = rnd(vg[j] / (1.0f + expf(-vg[j]))) * vu[j];
   store<8>(y + i * 8, vg);
+}
+
+// silu_mul's backward over n8 groups of 8 values: du = dy * silu(g) and
+// dg = silu'(g) * (dy * u), rounded where ATen's chain rounds (the saved silu(g), dy * u,
+// and each gradient).
+extern "C" __global__ void silu_mul_bwd(const bf16_t* __restrict__ g, const bf16_t* __restrict__ u,
+                                        const bf16_t* __restrict__ dy, bf16_t* __restrict__ dg,
+                                        bf16_t* __restrict__ du, long long n8) {
+  const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= n8) return;
+  float vg[8], vu[8], vd[8];
+  load<8>(g + i * 8, vg);
+  load<8>(u + i * 8, vu);
+  load<8>(dy + i * 8, vd);
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    const float sg = 1.0f / (1.0f + expf(-vg[j]));
+    const float da = rnd(vd[j] * vu[j]);
+    vu[j] = vd[j] * rnd(vg[j] * sg);
+    vg[j] = da * (sg * (1.0f + vg[j] * (1.0f - sg)));
+  }
+  store<8>(dg + i * 8, vg);
+  store<8>(du + i * 8, vu);
 }
 
 // Block-wide reductions over blockDim.x threads (a multiple of 32, at most 1024); every

