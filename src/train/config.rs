@@ -52,15 +52,15 @@ pub struct TrainConfig {
     pub chunk_blocks: i64,
     /// Blocks per attention query group: each group attends only to the context its
     /// anchors reach and to its own blocks, instead of the dense `Q x (S + Q)` mask (0:
-    /// the dense mask, the default). Off by default: no faster on the CPU (embedded default
-    /// 144 vs 143 ms/step), and on the GPU each new key width makes cuDNN build a new
-    /// attention plan and the smaller kernels fill the GPU worse (docs/gpu-results.md).
+    /// off, the default). Off by default: on the GPU its many small calls cost host time
+    /// (docs/gpu-results.md). When set, it replaces `attn_batch_blocks`.
     pub attn_group_blocks: i64,
     /// Blocks per batched attention group: the queries of each group of N blocks attend to
-    /// all context keys and their own block keys, and the groups run as one attention call
-    /// (`objective::batched_mask`; 42% of the dense mask's work with groups of 32 blocks on
-    /// the realistic shape). When N does not divide `num_anchors`, the groups take its
-    /// largest divisor below N. 0: off (the default). Not with `attn_group_blocks`.
+    /// the context keys and their own block keys, and the groups run as one attention call,
+    /// or two where the first groups' anchors reach a short prefix of the context
+    /// (`objective::batch_classes`; about 33% of the dense mask's work with groups of 32
+    /// blocks on the realistic shape). When N does not divide `num_anchors`, the groups
+    /// take its largest divisor below N. 32 by default; 0: the dense mask.
     pub attn_batch_blocks: i64,
     /// The loss's input gradient computed in its forward chunks, in the logits' kind, no
     /// logits kept for the backward (the default: the realistic step on the GPU takes 27.1
@@ -135,7 +135,7 @@ impl Default for TrainConfig {
             gamma: 0.0,
             chunk_blocks: 16,
             attn_group_blocks: 0,
-            attn_batch_blocks: 0,
+            attn_batch_blocks: 32,
             fused_loss: true,
             fused_kernels: true,
             fused_drafter_kernels: true,

@@ -48,29 +48,24 @@ const OPEN: bool = false;
 const MAX_TOKENS: i64 = 1 << 30;
 const MAX_COUNT: i64 = 1_000_000_000;
 
-/// The attention's layout: dense, query groups or batched groups, one at a time.
+/// The attention's layout: query groups (`attn_group_blocks`), else batched groups
+/// (`attn_batch_blocks`, whose groups take the largest divisor of `num_anchors` up to it),
+/// else the dense mask.
 fn attention_layout(cfg: &TrainConfig) -> Result<(), ConfigError> {
     int(
         "attn_group_blocks",
         cfg.attn_group_blocks,
         0,
         MAX_TOKENS,
-        " (0: the dense mask)",
+        " (0: off)",
     )?;
     int(
         "attn_batch_blocks",
         cfg.attn_batch_blocks,
         0,
-        cfg.num_anchors,
-        " (0: off; at most num_anchors)",
-    )?;
-    if cfg.attn_batch_blocks > 0 && cfg.attn_group_blocks > 0 {
-        return Err(ConfigError::Invalid(
-            "attn_batch_blocks and attn_group_blocks are two layouts of the attention: set one"
-                .into(),
-        ));
-    }
-    Ok(())
+        MAX_TOKENS,
+        " (0: the dense mask)",
+    )
 }
 
 /// Checks every setting of `cfg` against its allowed range.
@@ -255,16 +250,16 @@ mod tests {
             assert!(e.contains(want), "{set}: {e}");
             assert_eq!(e.lines().count(), 1, "{e}");
         }
-        // the batched attention layout: groups that tile the anchors, not with the other
-        let both = TrainConfig::default()
-            .with_overrides(&["attn_batch_blocks=2".into(), "attn_group_blocks=2".into()])
-            .unwrap();
-        let e = check(&both).unwrap_err().to_string();
-        assert!(e.contains("set one"), "{e}");
-        let fine = TrainConfig::default()
-            .with_overrides(&["attn_batch_blocks=3".into()])
-            .unwrap();
-        check(&fine).unwrap();
+        // the batched attention layout: any group size (the groups take the largest
+        // divisor of num_anchors up to it), with or without query groups (which win)
+        for set in [
+            vec!["attn_batch_blocks=2", "attn_group_blocks=2"],
+            vec!["attn_batch_blocks=3"],
+            vec!["attn_batch_blocks=1000", "num_anchors=8"],
+        ] {
+            let set: Vec<String> = set.into_iter().map(String::from).collect();
+            check(&TrainConfig::default().with_overrides(&set).unwrap()).unwrap();
+        }
         check_stop_after(Some(0)).unwrap_err();
         check_stop_after(Some(5)).unwrap();
     }

@@ -254,22 +254,27 @@ impl DrafterTrainer {
                     .f_to_kind(self.kind)?,
             )
         };
-        let (anchors, groups) = {
+        // the attention's layout: query groups (attn_group_blocks), else batched groups in
+        // classes (attn_batch_blocks), else the dense mask (one group over every key)
+        let (anchors, groups, classes) = {
             let _s = trace::span(trace_name!(names::DRAFTER_ANCHORS));
             let a = objective::sample_anchors(&batch.loss_mask, self.cfg.num_anchors, rng)?;
-            let groups = objective::query_groups(
-                &Vec::<i64>::try_from(a.anchors.reshape([-1]))?,
-                &Vec::<bool>::try_from(a.keep.reshape([-1]))?,
-                self.cfg.num_anchors,
-                s,
-                bs,
-                self.cfg.attn_group_blocks,
+            let host = (
+                Vec::<i64>::try_from(a.anchors.reshape([-1]))?,
+                Vec::<bool>::try_from(a.keep.reshape([-1]))?,
             );
+            let n = self.cfg.num_anchors;
+            let group_blocks = self.cfg.attn_group_blocks;
+            let groups = objective::query_groups(&host.0, &host.1, n, s, bs, group_blocks);
+            let classes = (group_blocks == 0 && self.cfg.attn_batch_blocks > 0).then(|| {
+                let shape = (n, s, bs);
+                objective::batch_classes(&host.0, &host.1, shape, self.cfg.attn_batch_blocks)
+            });
             let a = objective::Anchors {
                 anchors: upload(&a.anchors, self.device)?,
                 keep: upload(&a.keep, self.device)?,
             };
-            (a, groups)
+            (a, groups, classes)
         };
         let noise = {
             let _s = section(trace_name!(names::DRAFTER_NOISE_EMBED), self.device);
@@ -285,14 +290,16 @@ impl DrafterTrainer {
         let masks = {
             let _s = section(trace_name!(names::DRAFTER_MASK), self.device);
             let (a, keep) = (&anchors.anchors, &anchors.keep);
-            let grouped = |window| match self.cfg.attn_batch_blocks {
-                0 => {
+            let grouped = |window| match &classes {
+                None => {
                     let dense = objective::block_mask(a, keep, s, bs, window);
                     objective::group_masks(&dense, &groups, s, self.kind)
                 }
-                n => {
+                Some(classes) => {
+                    let n = self.cfg.attn_batch_blocks;
                     let len = objective::batch_blocks(self.cfg.num_anchors, n) * bs;
-                    objective::batched_block_mask(a, keep, s, bs, window, len, self.kind)
+                    let shape = (s, bs, window);
+                    objective::batched_block_mask(a, keep, shape, len, classes, self.kind)
                 }
             };
             let full = grouped(None);
