@@ -58,16 +58,15 @@ fn host(a: &objective::Anchors) -> (Vec<i64>, Vec<bool>) {
 /// Output of every layer's attention block and the gradients of a fixed projection of
 /// all outputs with respect to the block input, the context and every weight.
 fn run(d: &Drafter, vs: &nn::VarStore, group_blocks: Option<i64>) -> (Vec<Tensor>, Vec<Tensor>) {
-    run_with(d, vs, group_blocks, None)
+    run_with(d, vs, group_blocks, 0)
 }
 
-/// [`run`], with the attention in batched groups of `blocks` blocks in `classes` when
-/// given.
+/// [`run`], with the attention in batched groups of `batch_blocks` blocks when not 0.
 fn run_with(
     d: &Drafter,
     vs: &nn::VarStore,
     group_blocks: Option<i64>,
-    batched: Option<(i64, &[QueryGroup])>,
+    batch_blocks: i64,
 ) -> (Vec<Tensor>, Vec<Tensor>) {
     let a = anchors();
     let (anc, keep) = host(&a);
@@ -92,19 +91,9 @@ fn run_with(
     for layer in &d.layers {
         let window = (layer.layer_type == LayerType::Sliding).then_some(d.cfg.sliding_window);
         let dense = objective::block_mask(&a.anchors, &a.keep, S, BS, window);
-        let mask = match batched {
-            None => objective::group_masks(&dense, &groups, S, Kind::Float),
-            Some((n, classes)) => {
-                let shape = (S, BS, window);
-                objective::batched_block_mask(
-                    &a.anchors,
-                    &a.keep,
-                    shape,
-                    n * BS,
-                    classes,
-                    Kind::Float,
-                )
-            }
+        let mask = match batch_blocks {
+            0 => objective::group_masks(&dense, &groups, S, Kind::Float),
+            n => objective::batched_mask(&dense, S, n * BS, Kind::Float),
         };
         outs.push(layer.attn_block(&x, &ctx, &rope, &mask));
     }
@@ -326,84 +315,21 @@ fn the_grouped_node_refuses_groups_that_do_not_tile_the_queries() {
 
 #[test]
 fn batched_groups_equal_the_dense_mask_in_outputs_and_gradients() {
-    // full and sliding layers, unused slots; groups of 1, 2, 3 and all 6 blocks, in one
-    // class over all context keys and in two, the first over the context its anchors reach
+    // full and sliding layers, unused slots; groups of 1, 2, 3 and all 6 blocks
     let (vs, d) = drafter();
     let (dense_out, dense_grad) = run(&d, &vs, None);
-    let (anc, keep) = host(&anchors());
     for n in [1, 2, 3, N] {
-        let g = N / n;
-        let one = [QueryGroup {
-            q0: 0,
-            len: N * BS,
-            ctx: S,
-        }];
-        let widths = objective::query_groups(&anc, &keep, N, S, BS, n);
-        let k = (g / 2).max(1);
-        let ctx = widths[..k as usize].iter().map(|w| w.ctx).max().unwrap();
-        let two = [
-            QueryGroup {
-                q0: 0,
-                len: k * n * BS,
-                ctx,
-            },
-            QueryGroup {
-                q0: k * n * BS,
-                len: (g - k) * n * BS,
-                ctx: S,
-            },
-        ];
-        let mut layouts = vec![("one class", &one[..])];
-        if g > 1 {
-            assert!(
-                ctx < S,
-                "groups of {n}: the first class sees {ctx} of {S} keys"
-            );
-            layouts.push(("two classes", &two[..]));
-        }
-        for (what, classes) in layouts {
-            let (out, grad) = run_with(&d, &vs, None, Some((n, classes)));
-            let (o, gr) = (max_diff(&dense_out, &out), max_diff(&dense_grad, &grad));
-            assert!(
-                o < 1e-5,
-                "batched groups of {n} blocks, {what}: outputs differ by {o}"
-            );
-            assert!(
-                gr < 1e-4,
-                "batched groups of {n} blocks, {what}: gradients differ by {gr}"
-            );
-        }
+        let (out, grad) = run_with(&d, &vs, None, n);
+        let (o, gr) = (max_diff(&dense_out, &out), max_diff(&dense_grad, &grad));
+        assert!(
+            o < 1e-5,
+            "batched groups of {n} blocks: outputs differ by {o}"
+        );
+        assert!(
+            gr < 1e-4,
+            "batched groups of {n} blocks: gradients differ by {gr}"
+        );
     }
-}
-
-#[test]
-fn batch_classes_split_where_the_pairs_drop_by_an_eighth() {
-    // 256 blocks of 16 over S = 2048 with sorted, evenly spread anchors (the realistic
-    // shape): groups of 32 blocks see about (g + 1) / 8 of the context
-    let n = 256i64;
-    let anc: Vec<i64> = (0..n).map(|i| i * 2040 / n).collect();
-    let keep = vec![true; n as usize];
-    let classes = objective::batch_classes(&anc, &keep, (n, 2048, 16), 32);
-    assert_eq!(classes.len(), 2, "{classes:?}");
-    let (a, b) = (classes[0], classes[1]);
-    assert_eq!((a.q0, a.len + b.len, b.q0, b.ctx), (0, n * 16, a.len, 2048));
-    // brute force over every split point: the chosen one has the fewest pairs
-    let len = 32 * 16;
-    let widths = objective::query_groups(&anc, &keep, n, 2048, 16, 32);
-    let pairs = |k: usize| {
-        let ctx = widths[..k].iter().map(|w| w.ctx).max().unwrap();
-        k as i64 * len * (ctx + len) + (8 - k as i64) * len * (2048 + len)
-    };
-    let best = (1..8).min_by_key(|&k| pairs(k)).unwrap();
-    assert_eq!(a.len, best as i64 * len);
-    let ctx = widths[..best].iter().map(|w| w.ctx).max().unwrap();
-    assert_eq!(a.ctx, ctx);
-    assert!(8 * pairs(best) <= 7 * 8 * len * (2048 + len));
-    // every group needs all keys (anchors near the end): one class
-    let late: Vec<i64> = (0..n).map(|i| 2000 + i % 40).collect();
-    let one = objective::batch_classes(&late, &keep, (n, 2048, 16), 32);
-    assert_eq!(one.len(), 1);
-    assert_eq!((one[0].q0, one[0].len, one[0].ctx), (0, n * 16, 2048));
 }
 
 #[test]
@@ -421,14 +347,8 @@ fn the_batched_mask_stacks_each_groups_rows_over_all_context_keys() {
             let m = &batched.groups[0].1;
             assert_eq!(m.size(), [2 * g, 1, len, S + len]);
             // the training step's direct construction gives the same mask
-            let all = [QueryGroup {
-                q0: 0,
-                len: N * BS,
-                ctx: S,
-            }];
-            let shape = (S, BS, window);
             let direct =
-                objective::batched_block_mask(&a.anchors, &a.keep, shape, len, &all, Kind::Float);
+                objective::batched_block_mask(&a.anchors, &a.keep, S, BS, window, len, Kind::Float);
             assert_eq!(direct.batch, len);
             assert!(
                 direct.groups[0].1.equal(m),

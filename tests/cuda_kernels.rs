@@ -524,8 +524,7 @@ fn the_grouped_attention_node_matches_dense_attention() {
     }
     for (g, batched) in [(0, false), (4, false), (8, false), (4, true), (8, true)] {
         let mask = if batched {
-            let classes = objective::batch_classes(&anc, &keep, (n, s, bs), g);
-            objective::batched_block_mask(&a, &kp, (s, bs, None), g * bs, &classes, Kind::BFloat16)
+            objective::batched_block_mask(&a, &kp, s, bs, None, g * bs, Kind::BFloat16)
         } else {
             objective::group_masks(&dense, &groups(g), s, Kind::BFloat16)
         };

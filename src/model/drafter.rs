@@ -235,12 +235,7 @@ impl DrafterLayer {
 pub fn grouped_attention(q: &Tensor, k: &Tensor, v: &Tensor, mask: &GroupedMask) -> Tensor {
     let s = mask.seq_len;
     if mask.batch > 0 {
-        let classes: Vec<_> = mask
-            .groups
-            .iter()
-            .map(|(g, m)| ((g.q0, g.len, g.ctx), m))
-            .collect();
-        return layers::batched_attention(q, k, v, &classes, s, mask.batch);
+        return layers::batched_attention(q, k, v, &mask.groups[0].1, s, mask.batch);
     }
     match mask.groups.as_slice() {
         [(g, m)] => attention(

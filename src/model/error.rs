@@ -17,6 +17,8 @@ pub enum ModelError {
     },
     #[error("libtorch: {0}")]
     Torch(#[from] tch::TchError),
+    #[error("CUDA: {0}")]
+    Cuda(String),
 }
 
 impl ModelError {

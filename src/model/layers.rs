@@ -380,63 +380,42 @@ pub fn grouped_attention(
     unsafe { Tensor::from_ptr(out as *mut _) }
 }
 
-/// Attention in batched groups of `len` queries (see `objective::batched_block_mask`):
-/// `q` `[B, Hq, Q, D]` becomes `[B * G, Hq, len, D]` (a view), each group's keys the
-/// class's `ctx` context keys followed by its own `len` block keys, `[B * G, Hkv, ctx + len,
-/// D]` (one copy), and one attention call over each class's `[B * G_c, 1, len, ctx + len]`
-/// mask computes the class's groups. `classes` are `((q0, queries, ctx), mask)` in query
-/// order, tiling the `Q` queries.
-/// The copy is laid out `[B * G, ctx + len, Hkv, D]` (handed over as a transposed view,
-/// which the attention kernels take): the keys arrive in that layout from the projections,
-/// so it copies whole rows instead of gathering them into `[.., Hkv, ctx + len, D]`.
+/// Attention in batched groups of `len` queries (see `objective::batched_mask`): `q`
+/// `[B, Hq, Q, D]` becomes `[B * G, Hq, len, D]` (a view), each group's keys the `S`
+/// context keys followed by its own `len` block keys, `[B * G, Hkv, S + len, D]` (one copy),
+/// and one attention call over the `[B * G, 1, len, S + len]` mask computes every group.
+/// The copy is laid out `[B * G, S + len, Hkv, D]` (handed over as a transposed view, which
+/// the attention kernels take): the keys arrive in that layout from the projections, so it
+/// copies whole rows instead of gathering them into `[.., Hkv, S + len, D]`.
 pub fn batched_attention(
     q: &Tensor,
     k: &Tensor,
     v: &Tensor,
-    classes: &[((i64, i64, i64), &Tensor)],
+    mask: &Tensor,
     s: i64,
     len: i64,
 ) -> Tensor {
     let (b, hq, ql, d) = (q.size()[0], q.size()[1], q.size()[2], q.size()[3]);
     let hkv = k.size()[1];
-    // [B, Hkv, S + Q, D] -> [B, S + Q, Hkv, D], split into the context and each class's own
-    // keys; split, not narrow: the backward of a split is one concatenation, of each narrow
-    // a zero fill, a copy and an add
-    let sizes: Vec<i64> = std::iter::once(s)
-        .chain(classes.iter().map(|((_, n, _), _)| *n))
-        .collect();
-    let rows = |t: &Tensor| t.transpose(1, 2).split_with_sizes(sizes.as_slice(), 1);
-    let (k_rows, v_rows) = (rows(k), rows(v));
-    let outs: Vec<Tensor> = classes
-        .iter()
-        .enumerate()
-        .map(|(i, ((q0, n, ctx), mask))| {
-            let g = n / len;
-            let qb = q
-                .narrow(2, *q0, *n)
-                .reshape([b, hq, g, len, d])
-                .permute([0, 2, 1, 3, 4])
-                .reshape([b * g, hq, len, d]);
-            let keys = |rows: &[Tensor]| {
-                let ctx_rows = match *ctx == s {
-                    true => rows[0].shallow_clone(),
-                    false => rows[0].narrow(1, 0, *ctx),
-                };
-                let ctx_rows = ctx_rows.unsqueeze(1).expand([b, g, *ctx, hkv, d], false);
-                let own = rows[i + 1].reshape([b, g, len, hkv, d]);
-                Tensor::cat(&[ctx_rows, own], 2)
-                    .reshape([b * g, ctx + len, hkv, d])
-                    .transpose(1, 2)
-            };
-            attention(&qb, &keys(&k_rows), &keys(&v_rows), Some(mask), false)
-                .reshape([b, g, hq, len, d])
-        })
-        .collect();
-    let out = match outs.len() {
-        1 => outs.into_iter().next().expect("one class"),
-        _ => Tensor::cat(&outs, 1),
+    let g = ql / len;
+    let qb = q
+        .reshape([b, hq, g, len, d])
+        .permute([0, 2, 1, 3, 4])
+        .reshape([b * g, hq, len, d]);
+    let keys = |t: &Tensor| {
+        // [B, Hkv, S + Q, D] -> [B, S + Q, Hkv, D]; split, not narrow: the backward of a
+        // split is one concatenation, of each narrow a zero fill, a copy and an add
+        let rows = t.transpose(1, 2).split_with_sizes([s, ql], 1);
+        let ctx = rows[0].unsqueeze(1).expand([b, g, s, hkv, d], false);
+        let own = rows[1].reshape([b, g, len, hkv, d]);
+        Tensor::cat(&[ctx, own], 2)
+            .reshape([b * g, s + len, hkv, d])
+            .transpose(1, 2)
     };
-    out.permute([0, 2, 1, 3, 4]).reshape([b, hq, ql, d])
+    attention(&qb, &keys(k), &keys(v), Some(mask), false)
+        .reshape([b, g, hq, len, d])
+        .permute([0, 2, 1, 3, 4])
+        .reshape([b, hq, ql, d])
 }
 
 /// `[B, L, heads * D] -> [B, L, heads, D]`, a view. Per-head norms and rotary embeddings

@@ -101,41 +101,35 @@ pub fn block_mask(
     let (b, n) = (anchors.size()[0], anchors.size()[1]);
     let q_len = n * block_size;
     let kv = Tensor::arange(seq_len + q_len, (Kind::Int64, anchors.device())).view([1, -1]);
-    allow_mask(
-        anchors,
-        keep,
-        (seq_len, block_size, window),
-        (0, q_len),
-        &kv,
-    )
-    .view([b, 1, q_len, seq_len + q_len])
+    allow_mask(anchors, keep, seq_len, block_size, window, &kv).view([b, 1, q_len, seq_len + q_len])
 }
 
-/// [`block_mask`] evaluated at chosen rows and keys: `G` query groups of `len` queries
-/// from query `q0` on (group `g` is queries `[q0 + g * len, q0 + (g + 1) * len)`), and
-/// `kv` `[G, K]`, for each group the key indices (into the `S + Q` keys) its columns stand
-/// for. Returns `[B, G, len, K]` (bool).
+/// [`block_mask`] evaluated at chosen keys: `kv` `[G, K]` holds, for each of `G` equal
+/// query groups (group `g` is queries `[g * Q / G, (g + 1) * Q / G)`), the key indices
+/// (into the `S + Q` keys) its columns stand for. Returns `[B, G, Q / G, K]` (bool).
 fn allow_mask(
     anchors: &Tensor,
     keep: &Tensor,
-    (seq_len, block_size, window): (i64, i64, Option<i64>),
-    (q0, len): (i64, i64),
+    seq_len: i64,
+    block_size: i64,
+    window: Option<i64>,
     kv: &Tensor,
 ) -> Tensor {
-    let b = anchors.size()[0];
+    let (b, n) = (anchors.size()[0], anchors.size()[1]);
     let g = kv.size()[0];
+    let q_len = n * block_size;
+    let len = q_len / g;
     let dev = anchors.device();
     // 1. per query: its block, offset, anchor and keep flag, (B | 1, G, len, 1)
-    let q = (Tensor::arange(g * len, (Kind::Int64, dev)) + q0).view([1, g, len, 1]);
+    let q = Tensor::arange(q_len, (Kind::Int64, dev)).view([1, g, len, 1]);
     let bq = q.divide_scalar_mode(block_size, "floor");
     let oq = q.remainder(block_size);
-    let per_query = |t: &Tensor| {
-        t.repeat_interleave_self_int(block_size, 1, None)
-            .narrow(1, q0, g * len)
-            .view([b, g, len, 1])
-    };
-    let a = per_query(anchors);
-    let kept = per_query(keep);
+    let a = anchors
+        .repeat_interleave_self_int(block_size, 1, None)
+        .view([b, g, len, 1]);
+    let kept = keep
+        .repeat_interleave_self_int(block_size, 1, None)
+        .view([b, g, len, 1]);
     // 2. per key, (1, G, 1, K)
     let kv = kv.view([1, g, 1, -1]);
     let ctx = kv.lt(seq_len).logical_and(&kv.lt_tensor(&a));
@@ -297,102 +291,32 @@ pub fn batched_mask(full: &Tensor, seq_len: i64, len: i64, kind: Kind) -> Groupe
 
 /// [`batched_mask`] of [`block_mask`]`(anchors, keep, seq_len, block_size, window)`,
 /// computed at the batched layout's `(query, key)` pairs only (42% of the dense mask's on
-/// the realistic shape) instead of cut out of the dense mask, in the classes of
-/// [`batch_classes`]: one entry per class, its groups over the class's first `ctx` context
-/// keys and their own `len` keys, `[B * G_c, 1, len, ctx + len]`.
+/// the realistic shape) instead of cut out of the dense mask.
 pub fn batched_block_mask(
     anchors: &Tensor,
     keep: &Tensor,
-    (seq_len, block_size, window): (i64, i64, Option<i64>),
+    seq_len: i64,
+    block_size: i64,
+    window: Option<i64>,
     len: i64,
-    classes: &[QueryGroup],
     kind: Kind,
 ) -> GroupedMask {
-    let b = anchors.size()[0];
+    let (b, n) = (anchors.size()[0], anchors.size()[1]);
+    let q = n * block_size;
+    let g = q / len;
+    assert_eq!(g * len, q, "{q} queries do not split into groups of {len}");
     let dev = anchors.device();
-    let groups = classes
-        .iter()
-        .map(|c| {
-            let g = c.len / len;
-            assert_eq!(
-                g * len,
-                c.len,
-                "{} queries do not split into groups of {len}",
-                c.len
-            );
-            // each group's columns: the class's context keys, then its own block keys
-            let ctx = Tensor::arange(c.ctx, (Kind::Int64, dev)).expand([g, c.ctx], false);
-            let own = Tensor::arange(c.len, (Kind::Int64, dev)).view([g, len]) + (seq_len + c.q0);
-            let kv = Tensor::cat(&[ctx, own], 1);
-            let allow = allow_mask(
-                anchors,
-                keep,
-                (seq_len, block_size, window),
-                (c.q0, len),
-                &kv,
-            )
-            .view([b * g, 1, len, c.ctx + len]);
-            (*c, additive(&allow, kind))
-        })
-        .collect();
-    GroupedMask {
-        seq_len,
-        groups,
-        batch: len,
-    }
-}
-
-/// The batched layout's classes: its groups of `group_blocks` blocks split, in order, into
-/// at most two classes, each over the context keys its groups' anchors reach (rounded up to
-/// a multiple of [`key_bucket`]`(S)`, as [`query_groups`] rounds). Over sorted anchors the
-/// first groups see a short prefix of the context: two classes (two attention calls) cut
-/// the `(query, key)` pairs where that saves at least an eighth, else one class over all
-/// `S` keys. `anchors`/`keep` are the host's `[B, N]` values, row-major.
-pub fn batch_classes(
-    anchors: &[i64],
-    keep: &[bool],
-    (num_blocks, seq_len, block_size): (i64, i64, i64),
-    group_blocks: i64,
-) -> Vec<QueryGroup> {
-    let per = batch_blocks(num_blocks, group_blocks);
-    let len = per * block_size;
-    let g = num_blocks / per;
-    let whole = QueryGroup {
-        q0: 0,
-        len: g * len,
-        ctx: seq_len,
-    };
-    let widths: Vec<i64> = query_groups(anchors, keep, num_blocks, seq_len, block_size, per)
-        .iter()
-        .map(|q| q.ctx)
-        .collect();
-    let pairs = |groups: i64, ctx: i64| groups * len * (ctx + len);
-    let best = (1..g)
-        .map(|k| {
-            // groups [0, k) over the widest of their widths, [k, g) over all keys
-            let ctx = widths[..k as usize]
-                .iter()
-                .copied()
-                .max()
-                .unwrap_or(seq_len);
-            (pairs(k, ctx) + pairs(g - k, seq_len), k, ctx)
-        })
-        .min();
-    match best {
-        Some((cost, k, ctx)) if cost * 8 <= pairs(g, seq_len) * 7 && ctx < seq_len => vec![
-            QueryGroup {
-                q0: 0,
-                len: k * len,
-                ctx,
-            },
-            QueryGroup {
-                q0: k * len,
-                len: (g - k) * len,
-                ctx: seq_len,
-            },
-        ],
-        _ => vec![whole],
-    }
+    // group g's columns: the S context keys, then its own block keys S + g * len + j
+    let ctx = Tensor::arange(seq_len, (Kind::Int64, dev)).expand([g, seq_len], false);
+    let own = Tensor::arange(q, (Kind::Int64, dev)).view([g, len]) + seq_len;
+    let kv = Tensor::cat(&[ctx, own], 1);
+    let allow = allow_mask(anchors, keep, seq_len, block_size, window, &kv).view([
+        b * g,
+        1,
+        len,
+        seq_len + len,
+    ]);
+    batched(additive(&allow, kind), seq_len, q, len)
 }
 
 fn batched(add: Tensor, seq_len: i64, q: i64, len: i64) -> GroupedMask {
@@ -425,9 +349,8 @@ pub fn batch_blocks(num_blocks: i64, want: i64) -> i64 {
 pub struct GroupedMask {
     pub seq_len: i64,
     pub groups: Vec<(QueryGroup, Tensor)>,
-    /// 0: the groups as listed. `len > 0`: batched groups of `len` queries ([`batched_mask`],
-    /// [`batched_block_mask`]): one entry per class of groups (queries `[q0, q0 + len_c)`
-    /// over the first `ctx` context keys), whose mask is `[B * len_c / len, 1, len, ctx + len]`.
+    /// 0: the groups as listed. `len > 0`: batched groups of `len` queries ([`batched_mask`]):
+    /// one entry over all queries, whose mask is `[B * Q / len, 1, len, S + len]`.
     pub batch: i64,
 }
 

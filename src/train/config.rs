@@ -52,13 +52,13 @@ pub struct TrainConfig {
     pub chunk_blocks: i64,
     /// Blocks per attention query group: each group attends only to the context its
     /// anchors reach and to its own blocks, instead of the dense `Q x (S + Q)` mask (0:
-    /// off, the default). Off by default: on the GPU its many small calls cost host time
-    /// (docs/gpu-results.md). When set, it replaces `attn_batch_blocks`.
+    /// off, the default). Off by default: on the GPU each new key width makes cuDNN build a
+    /// new attention plan and its many small calls cost host time (docs/gpu-results.md).
+    /// When set, it replaces `attn_batch_blocks`.
     pub attn_group_blocks: i64,
     /// Blocks per batched attention group: the queries of each group of N blocks attend to
-    /// the context keys and their own block keys, and the groups run as one attention call,
-    /// or two where the first groups' anchors reach a short prefix of the context
-    /// (`objective::batch_classes`; about 33% of the dense mask's work with groups of 32
+    /// all context keys and their own block keys, and the groups run as one attention call
+    /// (`objective::batched_block_mask`; 42% of the dense mask's work with groups of 32
     /// blocks on the realistic shape). When N does not divide `num_anchors`, the groups
     /// take its largest divisor below N. 32 by default; 0: the dense mask.
     pub attn_batch_blocks: i64,

@@ -194,6 +194,7 @@ impl DrafterLoop<'_> {
             let metrics = {
                 let mut span = trace::span(trace_name!(names::DRAFTER_STEP));
                 let launched = guard_oom(step, || trainer.launch_step(&prep, lr))?;
+                let pending = guard_oom(step, || trainer.send_metrics(launched, &item.batch))?;
                 drop(prep);
                 // the next step's batch and inputs, while the GPU runs this one's backward;
                 // traced (inside this step's span) when the next step is
@@ -203,7 +204,10 @@ impl DrafterLoop<'_> {
                     trace::set_thread_recording((window.0..window.1).contains(&step));
                     ahead = Some(next?);
                 }
-                let m = guard_oom(step, || trainer.finish_step(launched, &item.batch))?;
+                let m = guard_oom(step, || {
+                    let _s = trace::span(trace_name!(names::DRAFTER_METRICS));
+                    pending.wait()
+                })?;
                 span.arg(names::args::STEP, step as u64);
                 span.arg(names::args::TOKENS, m.tokens as u64);
                 span.arg(names::args::LOSS, m.loss);

@@ -91,11 +91,12 @@ pub fn drafter_step(c: &DrafterConfig, l: &Load, elt: i64) -> DrafterParts {
     // keys per query row of a mask: all S + Q (dense), or S + the group's own block keys
     let group = match (l.attn_group_blocks, l.attn_batch_blocks) {
         (0, 0) => q,
-        (g, 0) => i(g.clamp(1, l.num_anchors.max(1))) * i(c.block_size),
-        (_, g) => i(crate::model::objective::batch_blocks(l.num_anchors, g)) * i(c.block_size),
+        (0, g) => i(crate::model::objective::batch_blocks(l.num_anchors, g)) * i(c.block_size),
+        (g, _) => i(g.clamp(1, l.num_anchors.max(1))) * i(c.block_size),
     };
     // batched groups keep each group's copy of all context keys, for keys and values, with
-    // the key/value heads and repeated to the query heads: per layer
+    // the key/value heads and, where the kernel cannot take grouped heads (the CPU), repeated
+    // to the query heads: per layer
     // 2 x B x G x (S + len) x (Hkv + Hq) x D
     let batched_keys = if l.attn_batch_blocks > 0 && l.attn_group_blocks == 0 {
         let heads = i(c.num_key_value_heads + c.num_attention_heads);

@@ -254,27 +254,22 @@ impl DrafterTrainer {
                     .f_to_kind(self.kind)?,
             )
         };
-        // the attention's layout: query groups (attn_group_blocks), else batched groups in
-        // classes (attn_batch_blocks), else the dense mask (one group over every key)
-        let (anchors, groups, classes) = {
+        let (anchors, groups) = {
             let _s = trace::span(trace_name!(names::DRAFTER_ANCHORS));
             let a = objective::sample_anchors(&batch.loss_mask, self.cfg.num_anchors, rng)?;
-            let host = (
-                Vec::<i64>::try_from(a.anchors.reshape([-1]))?,
-                Vec::<bool>::try_from(a.keep.reshape([-1]))?,
+            let groups = objective::query_groups(
+                &Vec::<i64>::try_from(a.anchors.reshape([-1]))?,
+                &Vec::<bool>::try_from(a.keep.reshape([-1]))?,
+                self.cfg.num_anchors,
+                s,
+                bs,
+                self.cfg.attn_group_blocks,
             );
-            let n = self.cfg.num_anchors;
-            let group_blocks = self.cfg.attn_group_blocks;
-            let groups = objective::query_groups(&host.0, &host.1, n, s, bs, group_blocks);
-            let classes = (group_blocks == 0 && self.cfg.attn_batch_blocks > 0).then(|| {
-                let shape = (n, s, bs);
-                objective::batch_classes(&host.0, &host.1, shape, self.cfg.attn_batch_blocks)
-            });
             let a = objective::Anchors {
                 anchors: upload(&a.anchors, self.device)?,
                 keep: upload(&a.keep, self.device)?,
             };
-            (a, groups, classes)
+            (a, groups)
         };
         let noise = {
             let _s = section(trace_name!(names::DRAFTER_NOISE_EMBED), self.device);
@@ -290,16 +285,20 @@ impl DrafterTrainer {
         let masks = {
             let _s = section(trace_name!(names::DRAFTER_MASK), self.device);
             let (a, keep) = (&anchors.anchors, &anchors.keep);
-            let grouped = |window| match &classes {
-                None => {
+            // query groups (attn_group_blocks), else batched groups (attn_batch_blocks),
+            // else the dense mask (one group over every key)
+            let batch = match self.cfg.attn_group_blocks {
+                0 => self.cfg.attn_batch_blocks,
+                _ => 0,
+            };
+            let grouped = |window| match batch {
+                0 => {
                     let dense = objective::block_mask(a, keep, s, bs, window);
                     objective::group_masks(&dense, &groups, s, self.kind)
                 }
-                Some(classes) => {
-                    let n = self.cfg.attn_batch_blocks;
+                n => {
                     let len = objective::batch_blocks(self.cfg.num_anchors, n) * bs;
-                    let shape = (s, bs, window);
-                    objective::batched_block_mask(a, keep, shape, len, classes, self.kind)
+                    objective::batched_block_mask(a, keep, s, bs, window, len, self.kind)
                 }
             };
             let full = grouped(None);
@@ -414,8 +413,20 @@ impl DrafterTrainer {
         launched: Launched,
         batch: &Batch,
     ) -> Result<StepMetrics, ModelError> {
+        let pending = self.send_metrics(launched, batch)?;
         let _s = trace::span(trace_name!(names::DRAFTER_METRICS));
-        read_metrics(&launched.out, &launched.m, Some(&launched.norm), batch)
+        pending.wait()
+    }
+
+    /// Starts the copy of a launched step's metrics to the host; [`PendingMetrics::wait`]
+    /// (inside a `drafter.metrics` span) reads them. Sent before the next step's inputs are
+    /// prepared, the copy does not wait for their kernels.
+    pub fn send_metrics(
+        &self,
+        launched: Launched,
+        batch: &Batch,
+    ) -> Result<PendingMetrics, ModelError> {
+        send_metrics(&launched.out, &launched.m, Some(&launched.norm), batch)
     }
 
     /// Loss and metrics without updating anything.
@@ -433,6 +444,18 @@ fn read_metrics(
     norm: Option<&Tensor>,
     batch: &Batch,
 ) -> Result<StepMetrics, ModelError> {
+    send_metrics(out, m, norm, batch)?.wait()
+}
+
+/// Starts the copy of a step's metrics to the host: on CUDA an asynchronous copy into
+/// pinned memory and an event after it, so the host can go on launching work (the next
+/// step's inputs) before it waits.
+fn send_metrics(
+    out: &LossOutput,
+    m: &Tensor,
+    norm: Option<&Tensor>,
+    batch: &Batch,
+) -> Result<PendingMetrics, ModelError> {
     let zero = out.loss.zeros_like();
     let values = Tensor::f_cat(
         &[
@@ -446,16 +469,51 @@ fn read_metrics(
         ],
         0,
     )?;
-    let host = values.f_to_kind(Kind::Double)?.f_to_device(Device::Cpu)?;
-    if values.device().is_cuda() {
-        count_host_sync();
-    }
-    let v = Vec::<f64>::try_from(host)?;
-    Ok(StepMetrics {
-        loss: v[0],
-        grad_norm: v[1],
-        accuracy: objective::ratio(v[2], v[3]),
-        tau_hat: objective::ratio(v[4], v[5]),
-        tokens: batch.input_ids.numel() as i64,
+    let tokens = batch.input_ids.numel() as i64;
+    let Device::Cuda(d) = values.device() else {
+        return Ok(PendingMetrics {
+            host: values.f_to_kind(Kind::Double)?,
+            ready: None,
+            tokens,
+        });
+    };
+    let gpu = |e: cuda::CudaError| ModelError::Cuda(e.to_string());
+    // non-blocking to the host: ATen allocates the destination in pinned memory
+    let host = values.f_to_device_(Device::Cpu, Kind::Double, true, false)?;
+    let ready = cuda::Event::new(d).map_err(gpu)?;
+    ready
+        .record(&cuda::current_stream(d).map_err(gpu)?)
+        .map_err(gpu)?;
+    Ok(PendingMetrics {
+        host,
+        ready: Some(ready),
+        tokens,
     })
+}
+
+/// A step's metrics on their way to the host ([`DrafterTrainer::send_metrics`]).
+pub struct PendingMetrics {
+    host: Tensor,
+    ready: Option<cuda::Event>,
+    tokens: i64,
+}
+
+impl PendingMetrics {
+    /// Waits for the copy (the step's one host sync) and reads the metrics.
+    pub fn wait(self) -> Result<StepMetrics, ModelError> {
+        if let Some(ready) = &self.ready {
+            ready
+                .synchronize()
+                .map_err(|e| ModelError::Cuda(e.to_string()))?;
+            count_host_sync();
+        }
+        let v = Vec::<f64>::try_from(&self.host)?;
+        Ok(StepMetrics {
+            loss: v[0],
+            grad_norm: v[1],
+            accuracy: objective::ratio(v[2], v[3]),
+            tau_hat: objective::ratio(v[4], v[5]),
+            tokens: self.tokens,
+        })
+    }
 }
