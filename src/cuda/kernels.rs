@@ -84,9 +84,9 @@ pub fn set_enabled(on: bool) {
     ENABLED.store(on, Ordering::Relaxed);
 }
 
-/// Turns the drafter's kernels on or off (`norm_rope` under autograd and `softmax_xent`;
-/// on by default, the trainer sets it from `fused_drafter_kernels`). They also need
-/// [`enabled`].
+/// Turns the drafter's kernels on or off (`norm_rope` and `silu_mul` under autograd, and
+/// `softmax_xent`; on by default, the trainer sets it from `fused_drafter_kernels`). They
+/// also need [`enabled`].
 pub fn set_drafter_enabled(on: bool) {
     DRAFTER.store(on, Ordering::Relaxed);
 }

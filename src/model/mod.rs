@@ -13,6 +13,7 @@ pub mod checkpoint;
 pub mod drafter;
 mod error;
 pub mod layers;
+pub mod masks;
 pub mod objective;
 pub mod target;
 pub mod target_config;

@@ -72,7 +72,8 @@ pub struct TrainConfig {
     /// norm, and SwiGLU. false: ATen's kernels everywhere. No effect on the CPU.
     pub fused_kernels: bool,
     /// With `fused_kernels`, also the drafter's (the default): its per-head norms with
-    /// rotary embedding, forward and a fused backward, and the fused loss's softmax pass
+    /// rotary embedding and its SwiGLU, forward and a fused backward, and the fused loss's
+    /// softmax pass
     /// over each chunk of logits (checked against ATen by `tests/cuda_kernels.rs` on a GPU;
     /// the realistic step on one H100 takes 22.4-22.7 instead of 26.2 ms with them,
     /// docs/gpu-results.md).
