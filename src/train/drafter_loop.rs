@@ -518,8 +518,6 @@ fn evaluate(
     })
 }
 
-/// Runs one step, turning libtorch's out-of-memory error (returned, or raised as a panic
-/// by tch's unchecked calls) into a one-line usage error; other panics go on unwinding.
 /// A step's batch, taken from the queue, and its prepared inputs.
 struct Ahead {
     item: Item,
@@ -527,6 +525,8 @@ struct Ahead {
     prep: Prepared,
 }
 
+/// Runs one step, turning libtorch's out-of-memory error (returned, or raised as a panic
+/// by tch's unchecked calls) into a one-line usage error; other panics go on unwinding.
 fn guard_oom<T>(
     step: i64,
     f: impl FnOnce() -> Result<T, crate::model::ModelError>,

@@ -385,8 +385,9 @@ impl DrafterTrainer {
 
     /// [`DrafterTrainer::train_step`] up to its metrics: forward, backward, clip and
     /// AdamW update from prepared inputs, launched. On CUDA the host returns while the GPU
-    /// still runs the backward, in time to [`prepare`](DrafterTrainer::prepare) the next
-    /// step before [`finish_step`](DrafterTrainer::finish_step) waits for this one.
+    /// still runs the backward, in time to [`send_metrics`](DrafterTrainer::send_metrics)
+    /// and [`prepare`](DrafterTrainer::prepare) the next step before it waits for this
+    /// one's metrics ([`PendingMetrics::wait`]).
     pub fn launch_step(&mut self, prep: &Prepared, lr: f64) -> Result<Launched, ModelError> {
         let (out, m) = self.forward_prepared(prep)?;
         {
