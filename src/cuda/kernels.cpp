@@ -409,6 +409,12 @@ struct NormRopeFn : public torch::autograd::Function<NormRopeFn> {
     return {dx, dw, at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
+// An elementwise kernel over `n8` groups of 8 values, one thread each, `args` ending in n8.
+int launch_n8(int device, Kernel k, long long n8, void** args) {
+  constexpr unsigned block = 256;
+  return launch(device, k, static_cast<unsigned>((n8 + block - 1) / block), block, args);
+}
+
 // silu(gate) * up into y (allocated here), gate and up contiguous of one shape with a
 // multiple of 8 elements; 0, or an error code with the reason set.
 int silu_mul_run(const at::Tensor& g, const at::Tensor& u, at::Tensor* y_out) {
@@ -419,9 +425,8 @@ int silu_mul_run(const at::Tensor& g, const at::Tensor& u, at::Tensor* y_out) {
     const void* up = u.data_ptr();
     void* yp = y.data_ptr();
     long long n8 = g.numel() / 8;
-    constexpr unsigned block = 256;
     void* args[] = {&gp, &up, &yp, &n8};
-    int rc = launch(g.get_device(), SILU_MUL, static_cast<unsigned>((n8 + block - 1) / block), block, args);
+    int rc = launch_n8(g.get_device(), SILU_MUL, n8, args);
     if (rc != 0) return rc;
   }
   *y_out = std::move(y);
@@ -454,10 +459,8 @@ struct SiluMulFn : public torch::autograd::Function<SiluMulFn> {
       void* dgp = dg.data_ptr();
       void* dup = du.data_ptr();
       long long n8 = g.numel() / 8;
-      constexpr unsigned block = 256;
       void* args[] = {&gp, &up, &dyp, &dgp, &dup, &n8};
-      if (launch(g.get_device(), SILU_MUL_BWD, static_cast<unsigned>((n8 + block - 1) / block), block, args) != 0)
-        throw std::runtime_error(kernel_error);
+      if (launch_n8(g.get_device(), SILU_MUL_BWD, n8, args) != 0) throw std::runtime_error(kernel_error);
     }
     return {dg, du};
   }

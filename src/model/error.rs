@@ -18,7 +18,7 @@ pub enum ModelError {
     #[error("libtorch: {0}")]
     Torch(#[from] tch::TchError),
     #[error("CUDA: {0}")]
-    Cuda(String),
+    Cuda(#[from] crate::cuda::CudaError),
 }
 
 impl ModelError {

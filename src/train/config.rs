@@ -185,6 +185,15 @@ pub enum ConfigError {
 }
 
 impl TrainConfig {
+    /// The batched attention's group size in effect: `attn_batch_blocks`, or 0 (off) when
+    /// `attn_group_blocks` chooses the query groups instead.
+    pub fn effective_batch_blocks(&self) -> i64 {
+        match self.attn_group_blocks {
+            0 => self.attn_batch_blocks,
+            _ => 0,
+        }
+    }
+
     /// Reads a TOML file (unknown keys are errors, so a typo does not go unnoticed).
     pub fn from_file(path: &Path) -> Result<Self, ConfigError> {
         let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {

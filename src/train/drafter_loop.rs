@@ -128,7 +128,7 @@ impl DrafterLoop<'_> {
             },
             chunk_blocks: cfg.chunk_blocks,
             attn_group_blocks: cfg.attn_group_blocks,
-            attn_batch_blocks: cfg.attn_batch_blocks,
+            attn_batch_blocks: cfg.effective_batch_blocks(),
             fused_loss: cfg.fused_loss,
             grad_clip: cfg.grad_clip,
         };

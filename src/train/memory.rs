@@ -19,6 +19,7 @@ pub struct Load {
     pub num_anchors: i64,
     pub chunk_blocks: i64,
     pub attn_group_blocks: i64,
+    /// In effect (`TrainConfig::effective_batch_blocks`): 0 when `attn_group_blocks` is set.
     pub attn_batch_blocks: i64,
     pub queue_capacity: i64,
 }
@@ -98,7 +99,7 @@ pub fn drafter_step(c: &DrafterConfig, l: &Load, elt: i64) -> DrafterParts {
     // the key/value heads and, where the kernel cannot take grouped heads (the CPU), repeated
     // to the query heads: per layer
     // 2 x B x G x (S + len) x (Hkv + Hq) x D
-    let batched_keys = if l.attn_batch_blocks > 0 && l.attn_group_blocks == 0 {
+    let batched_keys = if l.attn_batch_blocks > 0 {
         let heads = i(c.num_key_value_heads + c.num_attention_heads);
         2 * b * (q / group) * (s + group) * heads * i(c.head_dim)
     } else {

@@ -302,7 +302,7 @@ fn largest_load(data: &Dataset, cfg: &TrainConfig) -> memory::Load {
         num_anchors: cfg.num_anchors,
         chunk_blocks: cfg.chunk_blocks,
         attn_group_blocks: cfg.attn_group_blocks,
-        attn_batch_blocks: cfg.attn_batch_blocks,
+        attn_batch_blocks: cfg.effective_batch_blocks(),
         queue_capacity: cfg.queue_capacity as i64,
     }
 }

@@ -48,7 +48,9 @@ pub struct StepConfig {
     pub chunk_blocks: i64,
     /// Blocks per attention query group (see `objective::query_groups`).
     pub attn_group_blocks: i64,
-    /// Blocks per batched attention group (see `objective::batched_mask`); 0: off.
+    /// Blocks per batched attention group (see `objective::batched_block_mask`); 0: off.
+    /// The trainer sets it from `TrainConfig::effective_batch_blocks`, 0 whenever
+    /// `attn_group_blocks` is set.
     pub attn_batch_blocks: i64,
     /// The loss through `objective::weighted_ce_fused` (else the autograd path).
     pub fused_loss: bool,
@@ -285,13 +287,8 @@ impl DrafterTrainer {
         let masks = {
             let _s = section(trace_name!(names::DRAFTER_MASK), self.device);
             let (a, keep) = (&anchors.anchors, &anchors.keep);
-            // query groups (attn_group_blocks), else batched groups (attn_batch_blocks),
-            // else the dense mask (one group over every key)
-            let batch = match self.cfg.attn_group_blocks {
-                0 => self.cfg.attn_batch_blocks,
-                _ => 0,
-            };
-            let grouped = |window| match batch {
+            // batched groups, else query groups or the dense mask (one group over every key)
+            let grouped = |window| match self.cfg.attn_batch_blocks {
                 0 => {
                     let dense = objective::block_mask(a, keep, s, bs, window);
                     objective::group_masks(&dense, &groups, s, self.kind)
@@ -478,13 +475,10 @@ fn send_metrics(
             tokens,
         });
     };
-    let gpu = |e: cuda::CudaError| ModelError::Cuda(e.to_string());
     // non-blocking to the host: ATen allocates the destination in pinned memory
     let host = values.f_to_device_(Device::Cpu, Kind::Double, true, false)?;
-    let ready = cuda::Event::new(d).map_err(gpu)?;
-    ready
-        .record(&cuda::current_stream(d).map_err(gpu)?)
-        .map_err(gpu)?;
+    let ready = cuda::Event::new(d)?;
+    ready.record(&cuda::current_stream(d)?)?;
     Ok(PendingMetrics {
         host,
         ready: Some(ready),
@@ -503,9 +497,7 @@ impl PendingMetrics {
     /// Waits for the copy (the step's one host sync) and reads the metrics.
     pub fn wait(self) -> Result<StepMetrics, ModelError> {
         if let Some(ready) = &self.ready {
-            ready
-                .synchronize()
-                .map_err(|e| ModelError::Cuda(e.to_string()))?;
+            ready.synchronize()?;
             count_host_sync();
         }
         let v = Vec::<f64>::try_from(&self.host)?;
