@@ -26,7 +26,9 @@ use super::queue::HiddenQueue;
 use super::report::{Eval, RunOptions, RunReport, RunStatus};
 use super::run_dir::RunDir;
 use super::run_log::{self, Console, MetricsLog, RunLog, StepRecord};
-use super::step::{step_seed, Batch, DrafterTrainer, Prepared, StepConfig};
+use super::step::{
+    step_seed, Batch, DrafterTrainer, PendingMetrics, Prepared, StepConfig, StepMetrics,
+};
 use super::target_worker::{injected_fault, Item, TargetHead};
 
 /// Everything the drafter side works with.
@@ -53,6 +55,8 @@ struct Progress {
     /// Where the run stands, for the message of a failed write.
     standing: Standing,
     last_save: Instant,
+    /// When the last step's metrics were read.
+    last_read: Option<Instant>,
     report: RunReport,
 }
 
@@ -78,6 +82,7 @@ impl DrafterLoop<'_> {
             state,
             standing,
             last_save: Instant::now(),
+            last_read: None,
             report: RunReport {
                 start_step: state.step,
                 steps: cfg.steps,
@@ -162,8 +167,15 @@ impl DrafterLoop<'_> {
         let fail_at = injected_fault("drafter");
         // the next step's batch and inputs, prepared while this step ran on the GPU
         let mut ahead: Option<Ahead> = None;
-        while p.state.step < end {
-            if fail_at.is_some_and(|n| p.state.step as u64 >= n) {
+        // the step launched last, its metrics not yet read: the host runs a step ahead
+        let mut in_flight: Option<(InFlight, PendingMetrics)> = None;
+        let traced = |s: i64| (window.0..window.1).contains(&s);
+        // on the CPU a step has run by the time it is launched: read it at once, unless a
+        // test takes the CUDA path there
+        let read_ahead = self.stream.is_some() || std::env::var_os("DFLASH_READ_AHEAD").is_some();
+        let mut next = p.state.step;
+        while next < end {
+            if fail_at.is_some_and(|n| next as u64 >= n) {
                 return Err(TrainError::InjectedFault);
             }
             let sig = self.stop.load(Ordering::Relaxed) as i32;
@@ -173,9 +185,9 @@ impl DrafterLoop<'_> {
                 p.report.signal = Some(signal_name(sig));
                 break;
             }
-            let step = p.state.step;
-            trace::set_thread_recording((window.0..window.1).contains(&step));
-            if (window.0..window.1).contains(&step) {
+            let step = next;
+            trace::set_thread_recording(traced(step));
+            if traced(step) {
                 cuda::capture::enter_window();
             } else if step >= window.1 {
                 cuda::capture::leave_window();
@@ -191,58 +203,118 @@ impl DrafterLoop<'_> {
                 None => self.ahead(trainer, step)?,
             };
             let lr = lr_at(step, cfg.steps, warmup, cfg.lr);
-            let metrics = {
+            let read = {
                 let mut span = trace::span(trace_name!(names::DRAFTER_STEP));
                 let launched = guard_oom(step, || trainer.launch_step(&prep, lr))?;
                 let pending = guard_oom(step, || trainer.send_metrics(launched, &item.batch))?;
+                span.arg(names::args::STEP, step as u64);
+                span.arg(names::args::TOKENS, pending.tokens() as u64);
                 drop(prep);
                 // the next step's batch and inputs, while the GPU runs this one's backward;
                 // traced (inside this step's span) when the next step is
                 if step + 1 < end {
-                    trace::set_thread_recording((window.0..window.1).contains(&(step + 1)));
+                    trace::set_thread_recording(traced(step + 1));
                     let next = self.ahead(trainer, step + 1);
-                    trace::set_thread_recording((window.0..window.1).contains(&step));
+                    trace::set_thread_recording(traced(step));
                     ahead = Some(next?);
                 }
-                let m = guard_oom(step, || {
-                    let _s = trace::span(trace_name!(names::DRAFTER_METRICS));
-                    pending.wait()
-                })?;
-                span.arg(names::args::STEP, step as u64);
-                span.arg(names::args::TOKENS, m.tokens as u64);
-                span.arg(names::args::LOSS, m.loss);
-                m
+                // the previous step's metrics, read while this one runs: the GPU never
+                // drains its queue waiting for the host between steps
+                let read = in_flight.take().map(|f| self.read(f, traced)).transpose()?;
+                trace::set_thread_recording(traced(step));
+                let f = InFlight {
+                    step,
+                    lr,
+                    t0,
+                    queue_wait,
+                    _item: item,
+                };
+                in_flight = Some((f, pending));
+                if !read_ahead {
+                    debug_assert!(read.is_none());
+                    let now = in_flight.take().map(|f| self.read(f, traced)).transpose()?;
+                    trace::set_thread_recording(traced(step));
+                    now
+                } else {
+                    read
+                }
             };
             drop(profiler_step);
-            drop(item);
-            if (window.0..window.1).contains(&step) {
+            if traced(step) {
                 self.cuda_counters(p);
             }
-            if !metrics.loss.is_finite() {
-                return Err(TrainError::LossNotFinite {
-                    loss: metrics.loss,
-                    step,
-                });
+            next += 1;
+            if let Some((f, m)) = read {
+                self.record(trainer, p, log, f, m, end)?;
             }
-            p.state.step += 1;
-            p.state.data_position += 1;
-            p.report.losses.push(metrics.loss);
-            let record = StepRecord {
-                step,
-                metrics,
-                lr,
-                elapsed: t0.elapsed(),
-                queue_wait,
-            };
-            log.step(&record, end).map_err(|e| {
-                let what = format!("writing {}", log.metrics.path().display());
-                p.standing.write_failed(what, e)
-            })?;
-            self.live_summary(trainer, step, metrics.tokens, p);
-            if self.checkpoint_due(p) && p.state.step < end {
+            // a checkpoint holds only steps whose metrics were read (a finite loss)
+            if next < end && self.checkpoint_due(p, next) {
+                if let Some(f) = in_flight.take() {
+                    let (f, m) = self.read(f, traced)?;
+                    self.record(trainer, p, log, f, m, end)?;
+                }
                 self.save(trainer, p, &log.metrics)?;
             }
         }
+        if let Some(f) = in_flight.take() {
+            let (f, m) = self.read(f, traced)?;
+            self.record(trainer, p, log, f, m, end)?;
+        }
+        Ok(())
+    }
+
+    /// Waits for a launched step's metrics (its one host sync), in a `drafter.metrics`
+    /// span recorded when that step is traced, with the step and its loss as args.
+    fn read(
+        &self,
+        (f, pending): (InFlight, PendingMetrics),
+        traced: impl Fn(i64) -> bool,
+    ) -> Result<(InFlight, StepMetrics), TrainError> {
+        trace::set_thread_recording(traced(f.step));
+        let mut span = trace::span(trace_name!(names::DRAFTER_METRICS));
+        let m = guard_oom(f.step, || pending.wait())?;
+        span.arg(names::args::LOSS_STEP, f.step as u64);
+        span.arg(names::args::LOSS, m.loss);
+        Ok((f, m))
+    }
+
+    /// A read step's metrics into the report, the metrics log and the console; a loss
+    /// that is not finite ends the run.
+    fn record(
+        &self,
+        trainer: &DrafterTrainer,
+        p: &mut Progress,
+        log: &mut RunLog,
+        f: InFlight,
+        metrics: StepMetrics,
+        end: i64,
+    ) -> Result<(), TrainError> {
+        if !metrics.loss.is_finite() {
+            return Err(TrainError::LossNotFinite {
+                loss: metrics.loss,
+                step: f.step,
+            });
+        }
+        // a step's time: since the previous step was read (one step of the pipeline),
+        // or since its own start for the first
+        let now = Instant::now();
+        let since = p.last_read.filter(|t| *t > f.t0).unwrap_or(f.t0);
+        p.last_read = Some(now);
+        p.state.step += 1;
+        p.state.data_position += 1;
+        p.report.losses.push(metrics.loss);
+        let record = StepRecord {
+            step: f.step,
+            metrics,
+            lr: f.lr,
+            elapsed: now - since,
+            queue_wait: f.queue_wait,
+        };
+        log.step(&record, end).map_err(|e| {
+            let what = format!("writing {}", log.metrics.path().display());
+            p.standing.write_failed(what, e)
+        })?;
+        self.live_summary(trainer, f.step, metrics.tokens, p);
         Ok(())
     }
 
@@ -377,9 +449,10 @@ impl DrafterLoop<'_> {
 
     /// A checkpoint is due every `checkpoint_every` steps and `checkpoint_minutes`
     /// minutes (each when set).
-    fn checkpoint_due(&self, p: &Progress) -> bool {
+    /// Whether a checkpoint is due once `steps` steps are done.
+    fn checkpoint_due(&self, p: &Progress, steps: i64) -> bool {
         let cfg = &self.plan.cfg;
-        let by_step = cfg.checkpoint_every > 0 && p.state.step % cfg.checkpoint_every == 0;
+        let by_step = cfg.checkpoint_every > 0 && steps % cfg.checkpoint_every == 0;
         let by_time = cfg.checkpoint_minutes > 0.0
             && p.last_save.elapsed().as_secs_f64() >= cfg.checkpoint_minutes * 60.0;
         cfg.save_checkpoints && (by_step || by_time)
@@ -516,6 +589,16 @@ fn evaluate(
         accuracy: sum.accuracy / n,
         tau_hat: sum.tau_hat / n,
     })
+}
+
+/// A launched step whose metrics (a [`PendingMetrics`] beside it) are on their way to the
+/// host; its batch (hidden states) lives until they are read.
+struct InFlight {
+    step: i64,
+    lr: f64,
+    t0: Instant,
+    queue_wait: Duration,
+    _item: Item,
 }
 
 /// A step's batch, taken from the queue, and its prepared inputs.

@@ -25,6 +25,8 @@ pub(crate) enum ArgKey {
     Depth,
     Tokens,
     Loss,
+    /// The step whose loss a `drafter.metrics` span carries.
+    LossStep,
     Batch,
     /// Kineto's launch-to-kernel link.
     Correlation,
@@ -39,11 +41,12 @@ enum ArgUse {
 impl ArgKey {
     /// In declaration order (so `ALL[k].index() == k`), which is also the order of the
     /// arg columns in the span table.
-    pub const ALL: [ArgKey; 6] = [
+    pub const ALL: [ArgKey; 7] = [
         ArgKey::WaitUs,
         ArgKey::Depth,
         ArgKey::Tokens,
         ArgKey::Loss,
+        ArgKey::LossStep,
         ArgKey::Batch,
         ArgKey::Correlation,
     ];
@@ -55,6 +58,7 @@ impl ArgKey {
             ArgKey::Depth => dflash::args::DEPTH,
             ArgKey::Tokens => dflash::args::TOKENS,
             ArgKey::Loss => dflash::args::LOSS,
+            ArgKey::LossStep => dflash::args::LOSS_STEP,
             ArgKey::Batch => dflash::args::BATCH,
             ArgKey::Correlation => CORRELATION_ARG,
         }
@@ -88,6 +92,9 @@ impl ArgUse {
             [b'd', b'e', b'p', b't', b'h'] => ArgUse::Column(ArgKey::Depth),
             [b't', b'o', b'k', b'e', b'n', b's'] => ArgUse::Column(ArgKey::Tokens),
             [b'l', b'o', b's', b's'] => ArgUse::Column(ArgKey::Loss),
+            [b'l', b'o', b's', b's', b'_', b's', b't', b'e', b'p'] => {
+                ArgUse::Column(ArgKey::LossStep)
+            }
             [b'b', b'a', b't', b'c', b'h'] => ArgUse::Column(ArgKey::Batch),
             [b'c', b'o', b'r', b'r', b'e', b'l', b'a', b't', b'i', b'o', b'n'] => {
                 ArgUse::Column(ArgKey::Correlation)
@@ -165,7 +172,7 @@ pub(crate) struct Raw {
     /// in place from it.
     pub span_step: Vec<i64>,
     /// By [`ArgKey`] index.
-    pub span_args: [ArgColumn; 6],
+    pub span_args: [ArgColumn; ArgKey::ALL.len()],
 
     pub ctr_pid: Vec<i64>,
     pub ctr_name: Vec<u32>,
