@@ -9,7 +9,6 @@ use std::time::{Duration, Instant};
 
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
-use tch::Tensor;
 
 use crate::cuda;
 use crate::model::{self, objective, LoadedDrafter};
@@ -18,17 +17,16 @@ use crate::trace::{self, Recorder};
 use crate::trace_name;
 
 use super::checkpoint::{self, Checkpoint, RunState};
-use super::data;
 use super::error::{Standing, TrainError};
+use super::heldout::{evaluate, heldout_batches};
+use super::oom::guard_oom;
 use super::optim::{lr_at, AdamWConfig};
 use super::plan::{compute_kind, Plan};
 use super::queue::HiddenQueue;
-use super::report::{Eval, RunOptions, RunReport, RunStatus};
+use super::report::{RunOptions, RunReport, RunStatus};
 use super::run_dir::RunDir;
 use super::run_log::{self, Console, MetricsLog, RunLog, StepRecord};
-use super::step::{
-    step_seed, Batch, DrafterTrainer, PendingMetrics, Prepared, StepConfig, StepMetrics,
-};
+use super::step::{step_seed, DrafterTrainer, PendingMetrics, Prepared, StepConfig, StepMetrics};
 use super::target_worker::{injected_fault, Item, TargetHead};
 
 /// Everything the drafter side works with.
@@ -542,55 +540,6 @@ pub(super) fn signal_name(sig: i32) -> String {
     }
 }
 
-fn heldout_batches(plan: &Plan, max: usize) -> Vec<data::HostBatch> {
-    let seqs: Vec<&data::Sequence> = plan.data.heldout.iter().collect();
-    let per = (plan.cfg.batch_tokens / plan.cfg.seq_len).max(1);
-    seqs.chunks(per)
-        .take(max)
-        .enumerate()
-        .map(|(i, c)| data::collate(c, plan.pad, i as u64))
-        .collect()
-}
-
-/// Loss, accuracy and tau_hat on held-out batches, with a target loaded on the drafter's
-/// device (anchors drawn with a fixed seed, so before/after figures are comparable).
-fn evaluate(
-    plan: &Plan,
-    trainer: &DrafterTrainer,
-    batches: &[data::HostBatch],
-) -> Result<Eval, TrainError> {
-    let target = plan
-        .source
-        .load(trainer.device, trainer.kind)
-        .map_err(TrainError::Step)?;
-    let taps = &plan.drafter_cfg.target_layer_ids;
-    let mut sum = Eval::default();
-    let mut rng = ChaCha8Rng::seed_from_u64(12345);
-    for b in batches {
-        let ids = b.input_ids.to_device(trainer.device);
-        let out =
-            tch::no_grad(|| target.model.forward(&ids, taps, false)).map_err(TrainError::Step)?;
-        let batch = Batch {
-            input_ids: b.input_ids.shallow_clone(),
-            loss_mask: b.loss_mask.shallow_clone(),
-            features: Tensor::cat(&out.hidden, -1),
-            index: b.index,
-        };
-        let m = trainer
-            .evaluate(&batch, &mut rng)
-            .map_err(TrainError::Step)?;
-        sum.loss += m.loss;
-        sum.accuracy += m.accuracy;
-        sum.tau_hat += m.tau_hat;
-    }
-    let n = batches.len() as f64;
-    Ok(Eval {
-        loss: sum.loss / n,
-        accuracy: sum.accuracy / n,
-        tau_hat: sum.tau_hat / n,
-    })
-}
-
 /// A launched step whose metrics (a [`PendingMetrics`] beside it) are on their way to the
 /// host; its batch (hidden states) lives until they are read.
 struct InFlight {
@@ -606,75 +555,4 @@ struct Ahead {
     item: Item,
     queue_wait: Duration,
     prep: Prepared,
-}
-
-/// Runs one step, turning libtorch's out-of-memory error (returned, or raised as a panic
-/// by tch's unchecked calls) into a one-line usage error; other panics go on unwinding.
-fn guard_oom<T>(
-    step: i64,
-    f: impl FnOnce() -> Result<T, crate::model::ModelError>,
-) -> Result<T, TrainError> {
-    let oom = |text: &str| {
-        text.contains("out of memory")
-            .then(|| TrainError::OutOfMemory {
-                step,
-                message: oom_line(text),
-            })
-    };
-    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
-        Ok(Ok(v)) => Ok(v),
-        Ok(Err(e)) => Err(oom(&e.to_string()).unwrap_or(TrainError::Step(e))),
-        Err(payload) => {
-            let text = payload
-                .downcast_ref::<String>()
-                .cloned()
-                .or_else(|| payload.downcast_ref::<&str>().map(|s| s.to_string()))
-                .unwrap_or_default();
-            match oom(&text) {
-                Some(e) => Err(e),
-                None => std::panic::resume_unwind(payload),
-            }
-        }
-    }
-}
-
-/// The first sentence of libtorch's out-of-memory message ("CUDA out of memory. Tried to
-/// allocate 246.00 MiB").
-pub(crate) fn oom_line(text: &str) -> String {
-    let start = text
-        .find("out of memory")
-        .map_or(0, |i| text[..i].rfind(['"', '(']).map_or(0, |j| j + 1));
-    let rest = &text[start..];
-    let end = rest.match_indices(". ").nth(1).map_or(
-        rest.find('\n').unwrap_or(rest.len()).min(rest.len()),
-        |(i, _)| i,
-    );
-    rest[..end].trim().to_string()
-}
-
-#[cfg(test)]
-mod oom_tests {
-    use super::*;
-
-    #[test]
-    fn an_out_of_memory_panic_becomes_a_one_line_usage_error() {
-        let hook = std::panic::take_hook();
-        std::panic::set_hook(Box::new(|_| {}));
-        let msg = "called `Result::unwrap()` on an `Err` value: Torch(\"CUDA out of memory. \
-                   Tried to allocate 246.00 MiB. GPU 0 has a total capacity of 79.18 GiB\nException\")";
-        let r: Result<(), _> = guard_oom(7, || panic!("{msg}"));
-        let other = std::panic::catch_unwind(|| guard_oom::<()>(1, || panic!("something else")));
-        std::panic::set_hook(hook);
-        let e = r.unwrap_err();
-        assert!(e.is_usage());
-        let line = e.to_string();
-        assert!(
-            line.starts_with(
-                "out of device memory at step 7: CUDA out of memory. Tried to allocate 246.00 MiB;"
-            ),
-            "{line}"
-        );
-        assert_eq!(line.lines().count(), 1);
-        assert!(other.is_err(), "other panics keep unwinding");
-    }
 }
