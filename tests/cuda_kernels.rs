@@ -239,10 +239,21 @@ fn a_target_forward_with_the_kernels_matches_aten() {
 fn softmax_xent_matches_atens_softmax_argmax_gather_and_sum() {
     let _g = lock();
     let dev = cuda();
-    // 5008 columns: more than one 512-thread sweep of 8 values, and not a multiple of it
-    for (rows, v, spread) in [(67, 5008, 4.0), (5, 64, 1.0), (3, 151_936, 12.0)] {
+    // 5008 columns: more than one 512-thread sweep of 8 values, and not a multiple of it;
+    // up to 400,008 (rows wider than any vocabulary the trainer meets)
+    for (rows, v, spread) in [
+        (67, 5008, 4.0),
+        (5, 64, 1.0),
+        (6, 151_936, 12.0),
+        (4, 200_000, 8.0),
+        (3, 400_008, 8.0),
+    ] {
         let z = randn(&[rows, v], 20) * spread;
         let labels = Tensor::randint(v, [rows], (Kind::Int64, dev));
+        // labels on either side of a quarter's edge, and the last column
+        let _ = labels.get(0).fill_(v / 4);
+        let _ = labels.get(1).fill_(v / 4 - 1);
+        let _ = labels.get(2).fill_(v - 1);
         // ATen's chain, as the loss ran it before
         let p = z.softmax(-1, Kind::BFloat16);
         let want_arg = p.argmax(-1, false);

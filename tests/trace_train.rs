@@ -98,9 +98,8 @@ fn trace_kernels_without_trace_is_a_usage_error() {
 }
 
 /// Structure every trace of a training run must have: all documented sections, the
-/// traced steps as `ProfilerStep#N` with `drafter.step` args and their losses read, queue
-/// args and counters, proper nesting on every track, drafter sections inside their step,
-/// matched flows.
+/// traced steps as `ProfilerStep#N` with `drafter.step` args, queue args and counters,
+/// proper nesting on every track, drafter sections inside their step, matched flows.
 fn check_structure(trace: &Value, layers: usize, want_steps: &[&str]) {
     let xs = spans(trace);
     let names: BTreeSet<&str> = xs.iter().map(|e| e["name"].as_str().unwrap()).collect();
@@ -123,18 +122,11 @@ fn check_structure(trace: &Value, layers: usize, want_steps: &[&str]) {
         .collect();
     let ids: BTreeSet<&str> = steps.iter().map(|e| e["name"].as_str().unwrap()).collect();
     assert_eq!(ids, want_steps.iter().copied().collect::<BTreeSet<&str>>());
-    // each traced step's loss on the drafter.metrics span that read it (on its drafter.step
-    // in traces recorded before loss_step, as the GPU fixtures)
-    let read: BTreeSet<u64> = xs
-        .iter()
-        .filter(|e| e["name"] == "drafter.metrics" && e["args"]["loss"].is_f64())
-        .map(|e| e["args"]["loss_step"].as_u64().unwrap())
-        .collect();
     for e in xs.iter().filter(|e| e["name"] == "drafter.step") {
-        assert!(e["args"]["step"].is_u64() && e["args"]["tokens"].as_u64().unwrap() > 0);
         assert!(
-            read.contains(&e["args"]["step"].as_u64().unwrap()) || e["args"]["loss"].is_f64(),
-            "{e}"
+            e["args"]["step"].is_u64()
+                && e["args"]["tokens"].as_u64().unwrap() > 0
+                && e["args"]["loss"].is_f64()
         );
     }
     for e in xs

@@ -200,31 +200,11 @@ pub fn per_step(spans: &DataFrame) -> PolarsResult<LazyFrame> {
         .group_by([col("step")])
         .agg([
             col("tokens").cast(DataType::Float64).sum().alias("tokens"),
-            col("loss").mean().alias("step_loss"),
+            col("loss").mean().alias("loss"),
         ]);
-    // a step's loss rides on the drafter.metrics span that read it (during the next
-    // step), named by loss_step; older traces put it on drafter.step
-    let losses = lf
-        .clone()
-        .filter(
-            name_is(dflash::DRAFTER_METRICS)
-                .and(col("loss_step").is_not_null())
-                .and(col("loss").is_not_null()),
-        )
-        .with_column(col("loss_step").cast(DataType::Int64).alias("step"))
-        .group_by([col("step")])
-        .agg([col("loss").mean().alias("read_loss")]);
     let mut out = steps
         .join(waits, [col("step")], [col("step")], left())
-        .join(drafter, [col("step")], [col("step")], left())
-        .join(losses, [col("step")], [col("step")], left())
-        .with_column(
-            when(col("read_loss").is_not_null())
-                .then(col("read_loss"))
-                .otherwise(col("step_loss"))
-                .alias("loss"),
-        )
-        .drop(cols(["read_loss", "step_loss"]));
+        .join(drafter, [col("step")], [col("step")], left());
     if has_gpu {
         let busy = gpu_busy(lf, has_kind(spans, SpanKind::Kernel)?)?;
         out = out
@@ -381,67 +361,7 @@ pub fn bools(df: &DataFrame, name: &str) -> PolarsResult<Vec<bool>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::load::{load, LoadOptions};
     use crate::stats::{quantile, SplitMix64};
-
-    /// The per-step loss: from the `drafter.metrics` span that read it, one step later
-    /// (by `loss_step`), and from `drafter.step` in traces written before that key.
-    #[test]
-    fn a_steps_loss_comes_from_the_span_that_read_it_or_from_its_drafter_step() {
-        // steps 0..3 on the drafter thread; step N's span reads step N-1's metrics, the
-        // last traced step's read lies after every ProfilerStep
-        let mut ev = Vec::new();
-        for n in 0..3u64 {
-            let t = 1000.0 * n as f64;
-            ev.push(format!(r#"{{"ph":"X","name":"ProfilerStep#{n}","cat":"cpu","pid":1,"tid":2,"ts":{t},"dur":900}}"#));
-            ev.push(format!(r#"{{"ph":"X","name":"drafter.step","cat":"cpu","pid":1,"tid":2,"ts":{},"dur":800,"args":{{"step":{n},"tokens":100}}}}"#, t + 10.0));
-            if n > 0 {
-                ev.push(format!(r#"{{"ph":"X","name":"drafter.metrics","cat":"cpu","pid":1,"tid":2,"ts":{},"dur":500,"args":{{"loss_step":{},"loss":{}}}}}"#, t + 300.0, n - 1, 10.0 - (n - 1) as f64));
-            }
-        }
-        ev.push(r#"{"ph":"X","name":"drafter.metrics","cat":"cpu","pid":1,"tid":2,"ts":3000,"dur":50,"args":{"loss_step":2,"loss":8.0}}"#.to_string());
-        // an older trace: the loss on drafter.step
-        let old: Vec<String> = (0..2u64)
-            .map(|n| format!(r#"{{"ph":"X","name":"ProfilerStep#{n}","cat":"cpu","pid":1,"tid":2,"ts":{},"dur":900}},{{"ph":"X","name":"drafter.step","cat":"cpu","pid":1,"tid":2,"ts":{},"dur":800,"args":{{"step":{n},"tokens":100,"loss":{}}}}}"#, 1000 * n, 1000 * n + 10, 5 + n))
-            .collect();
-        let dir = tempfile::tempdir().unwrap();
-        for (name, events, want) in [
-            ("new.json", ev, vec![10.0, 9.0, 8.0]),
-            ("old.json", old, vec![5.0, 6.0]),
-        ] {
-            let path = dir.path().join(name);
-            std::fs::write(
-                &path,
-                format!(r#"{{"traceEvents":[{}]}}"#, events.join(",")),
-            )
-            .unwrap();
-            let opts = LoadOptions {
-                progress: false,
-                threads: 1,
-                min_part_bytes: 0,
-            };
-            let trace = load(&path, &opts).unwrap();
-            let steps = per_step(&trace.spans).unwrap().collect().unwrap();
-            assert_eq!(
-                i64s(&steps, "step").unwrap(),
-                (0..want.len() as i64).map(Some).collect::<Vec<_>>(),
-                "{name}"
-            );
-            let got: Vec<f64> = f64s(&steps, "loss")
-                .unwrap()
-                .into_iter()
-                .map(|x| x.unwrap())
-                .collect();
-            assert_eq!(got, want, "{name}");
-            assert!(
-                f64s(&steps, "tokens")
-                    .unwrap()
-                    .iter()
-                    .all(|t| *t == Some(100.0)),
-                "{name}"
-            );
-        }
-    }
 
     /// Quantiles of a group and of a slice are one method: polars' linear interpolation
     /// gives what `stats::quantile` gives.

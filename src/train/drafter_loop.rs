@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
+use tch::Tensor;
 
 use crate::cuda;
 use crate::model::{self, objective, LoadedDrafter};
@@ -17,16 +18,15 @@ use crate::trace::{self, Recorder};
 use crate::trace_name;
 
 use super::checkpoint::{self, Checkpoint, RunState};
+use super::data;
 use super::error::{Standing, TrainError};
-use super::heldout::{evaluate, heldout_batches};
-use super::oom::guard_oom;
 use super::optim::{lr_at, AdamWConfig};
 use super::plan::{compute_kind, Plan};
 use super::queue::HiddenQueue;
-use super::report::{RunOptions, RunReport, RunStatus};
+use super::report::{Eval, RunOptions, RunReport, RunStatus};
 use super::run_dir::RunDir;
 use super::run_log::{self, Console, MetricsLog, RunLog, StepRecord};
-use super::step::{step_seed, DrafterTrainer, PendingMetrics, Prepared, StepConfig, StepMetrics};
+use super::step::{step_seed, Batch, DrafterTrainer, Prepared, StepConfig};
 use super::target_worker::{injected_fault, Item, TargetHead};
 
 /// Everything the drafter side works with.
@@ -53,8 +53,6 @@ struct Progress {
     /// Where the run stands, for the message of a failed write.
     standing: Standing,
     last_save: Instant,
-    /// When the last step's metrics were read.
-    last_read: Option<Instant>,
     report: RunReport,
 }
 
@@ -80,7 +78,6 @@ impl DrafterLoop<'_> {
             state,
             standing,
             last_save: Instant::now(),
-            last_read: None,
             report: RunReport {
                 start_step: state.step,
                 steps: cfg.steps,
@@ -165,15 +162,8 @@ impl DrafterLoop<'_> {
         let fail_at = injected_fault("drafter");
         // the next step's batch and inputs, prepared while this step ran on the GPU
         let mut ahead: Option<Ahead> = None;
-        // the step launched last, its metrics not yet read: the host runs a step ahead
-        let mut in_flight: Option<(InFlight, PendingMetrics)> = None;
-        let traced = |s: i64| (window.0..window.1).contains(&s);
-        // on the CPU a step has run by the time it is launched: read it at once, unless a
-        // test takes the CUDA path there
-        let read_ahead = self.stream.is_some() || std::env::var_os("DFLASH_READ_AHEAD").is_some();
-        let mut next = p.state.step;
-        while next < end {
-            if fail_at.is_some_and(|n| next as u64 >= n) {
+        while p.state.step < end {
+            if fail_at.is_some_and(|n| p.state.step as u64 >= n) {
                 return Err(TrainError::InjectedFault);
             }
             let sig = self.stop.load(Ordering::Relaxed) as i32;
@@ -183,9 +173,9 @@ impl DrafterLoop<'_> {
                 p.report.signal = Some(signal_name(sig));
                 break;
             }
-            let step = next;
-            trace::set_thread_recording(traced(step));
-            if traced(step) {
+            let step = p.state.step;
+            trace::set_thread_recording((window.0..window.1).contains(&step));
+            if (window.0..window.1).contains(&step) {
                 cuda::capture::enter_window();
             } else if step >= window.1 {
                 cuda::capture::leave_window();
@@ -201,118 +191,58 @@ impl DrafterLoop<'_> {
                 None => self.ahead(trainer, step)?,
             };
             let lr = lr_at(step, cfg.steps, warmup, cfg.lr);
-            let read = {
+            let metrics = {
                 let mut span = trace::span(trace_name!(names::DRAFTER_STEP));
                 let launched = guard_oom(step, || trainer.launch_step(&prep, lr))?;
                 let pending = guard_oom(step, || trainer.send_metrics(launched, &item.batch))?;
-                span.arg(names::args::STEP, step as u64);
-                span.arg(names::args::TOKENS, pending.tokens() as u64);
                 drop(prep);
                 // the next step's batch and inputs, while the GPU runs this one's backward;
                 // traced (inside this step's span) when the next step is
                 if step + 1 < end {
-                    trace::set_thread_recording(traced(step + 1));
+                    trace::set_thread_recording((window.0..window.1).contains(&(step + 1)));
                     let next = self.ahead(trainer, step + 1);
-                    trace::set_thread_recording(traced(step));
+                    trace::set_thread_recording((window.0..window.1).contains(&step));
                     ahead = Some(next?);
                 }
-                // the previous step's metrics, read while this one runs: the GPU never
-                // drains its queue waiting for the host between steps
-                let read = in_flight.take().map(|f| self.read(f, traced)).transpose()?;
-                trace::set_thread_recording(traced(step));
-                let f = InFlight {
-                    step,
-                    lr,
-                    t0,
-                    queue_wait,
-                    _item: item,
-                };
-                in_flight = Some((f, pending));
-                if !read_ahead {
-                    debug_assert!(read.is_none());
-                    let now = in_flight.take().map(|f| self.read(f, traced)).transpose()?;
-                    trace::set_thread_recording(traced(step));
-                    now
-                } else {
-                    read
-                }
+                let m = guard_oom(step, || {
+                    let _s = trace::span(trace_name!(names::DRAFTER_METRICS));
+                    pending.wait()
+                })?;
+                span.arg(names::args::STEP, step as u64);
+                span.arg(names::args::TOKENS, m.tokens as u64);
+                span.arg(names::args::LOSS, m.loss);
+                m
             };
             drop(profiler_step);
-            if traced(step) {
+            drop(item);
+            if (window.0..window.1).contains(&step) {
                 self.cuda_counters(p);
             }
-            next += 1;
-            if let Some((f, m)) = read {
-                self.record(trainer, p, log, f, m, end)?;
+            if !metrics.loss.is_finite() {
+                return Err(TrainError::LossNotFinite {
+                    loss: metrics.loss,
+                    step,
+                });
             }
-            // a checkpoint holds only steps whose metrics were read (a finite loss)
-            if next < end && self.checkpoint_due(p, next) {
-                if let Some(f) = in_flight.take() {
-                    let (f, m) = self.read(f, traced)?;
-                    self.record(trainer, p, log, f, m, end)?;
-                }
+            p.state.step += 1;
+            p.state.data_position += 1;
+            p.report.losses.push(metrics.loss);
+            let record = StepRecord {
+                step,
+                metrics,
+                lr,
+                elapsed: t0.elapsed(),
+                queue_wait,
+            };
+            log.step(&record, end).map_err(|e| {
+                let what = format!("writing {}", log.metrics.path().display());
+                p.standing.write_failed(what, e)
+            })?;
+            self.live_summary(trainer, step, metrics.tokens, p);
+            if self.checkpoint_due(p) && p.state.step < end {
                 self.save(trainer, p, &log.metrics)?;
             }
         }
-        if let Some(f) = in_flight.take() {
-            let (f, m) = self.read(f, traced)?;
-            self.record(trainer, p, log, f, m, end)?;
-        }
-        Ok(())
-    }
-
-    /// Waits for a launched step's metrics (its one host sync), in a `drafter.metrics`
-    /// span recorded when that step is traced, with the step and its loss as args.
-    fn read(
-        &self,
-        (f, pending): (InFlight, PendingMetrics),
-        traced: impl Fn(i64) -> bool,
-    ) -> Result<(InFlight, StepMetrics), TrainError> {
-        trace::set_thread_recording(traced(f.step));
-        let mut span = trace::span(trace_name!(names::DRAFTER_METRICS));
-        let m = guard_oom(f.step, || pending.wait())?;
-        span.arg(names::args::LOSS_STEP, f.step as u64);
-        span.arg(names::args::LOSS, m.loss);
-        Ok((f, m))
-    }
-
-    /// A read step's metrics into the report, the metrics log and the console; a loss
-    /// that is not finite ends the run.
-    fn record(
-        &self,
-        trainer: &DrafterTrainer,
-        p: &mut Progress,
-        log: &mut RunLog,
-        f: InFlight,
-        metrics: StepMetrics,
-        end: i64,
-    ) -> Result<(), TrainError> {
-        if !metrics.loss.is_finite() {
-            return Err(TrainError::LossNotFinite {
-                loss: metrics.loss,
-                step: f.step,
-            });
-        }
-        // a step's time: since the previous step was read (one step of the pipeline),
-        // or since its own start for the first
-        let now = Instant::now();
-        let since = p.last_read.filter(|t| *t > f.t0).unwrap_or(f.t0);
-        p.last_read = Some(now);
-        p.state.step += 1;
-        p.state.data_position += 1;
-        p.report.losses.push(metrics.loss);
-        let record = StepRecord {
-            step: f.step,
-            metrics,
-            lr: f.lr,
-            elapsed: now - since,
-            queue_wait: f.queue_wait,
-        };
-        log.step(&record, end).map_err(|e| {
-            let what = format!("writing {}", log.metrics.path().display());
-            p.standing.write_failed(what, e)
-        })?;
-        self.live_summary(trainer, f.step, metrics.tokens, p);
         Ok(())
     }
 
@@ -447,10 +377,9 @@ impl DrafterLoop<'_> {
 
     /// A checkpoint is due every `checkpoint_every` steps and `checkpoint_minutes`
     /// minutes (each when set).
-    /// Whether a checkpoint is due once `steps` steps are done.
-    fn checkpoint_due(&self, p: &Progress, steps: i64) -> bool {
+    fn checkpoint_due(&self, p: &Progress) -> bool {
         let cfg = &self.plan.cfg;
-        let by_step = cfg.checkpoint_every > 0 && steps % cfg.checkpoint_every == 0;
+        let by_step = cfg.checkpoint_every > 0 && p.state.step % cfg.checkpoint_every == 0;
         let by_time = cfg.checkpoint_minutes > 0.0
             && p.last_save.elapsed().as_secs_f64() >= cfg.checkpoint_minutes * 60.0;
         cfg.save_checkpoints && (by_step || by_time)
@@ -540,14 +469,53 @@ pub(super) fn signal_name(sig: i32) -> String {
     }
 }
 
-/// A launched step whose metrics (a [`PendingMetrics`] beside it) are on their way to the
-/// host; its batch (hidden states) lives until they are read.
-struct InFlight {
-    step: i64,
-    lr: f64,
-    t0: Instant,
-    queue_wait: Duration,
-    _item: Item,
+fn heldout_batches(plan: &Plan, max: usize) -> Vec<data::HostBatch> {
+    let seqs: Vec<&data::Sequence> = plan.data.heldout.iter().collect();
+    let per = (plan.cfg.batch_tokens / plan.cfg.seq_len).max(1);
+    seqs.chunks(per)
+        .take(max)
+        .enumerate()
+        .map(|(i, c)| data::collate(c, plan.pad, i as u64))
+        .collect()
+}
+
+/// Loss, accuracy and tau_hat on held-out batches, with a target loaded on the drafter's
+/// device (anchors drawn with a fixed seed, so before/after figures are comparable).
+fn evaluate(
+    plan: &Plan,
+    trainer: &DrafterTrainer,
+    batches: &[data::HostBatch],
+) -> Result<Eval, TrainError> {
+    let target = plan
+        .source
+        .load(trainer.device, trainer.kind)
+        .map_err(TrainError::Step)?;
+    let taps = &plan.drafter_cfg.target_layer_ids;
+    let mut sum = Eval::default();
+    let mut rng = ChaCha8Rng::seed_from_u64(12345);
+    for b in batches {
+        let ids = b.input_ids.to_device(trainer.device);
+        let out =
+            tch::no_grad(|| target.model.forward(&ids, taps, false)).map_err(TrainError::Step)?;
+        let batch = Batch {
+            input_ids: b.input_ids.shallow_clone(),
+            loss_mask: b.loss_mask.shallow_clone(),
+            features: Tensor::cat(&out.hidden, -1),
+            index: b.index,
+        };
+        let m = trainer
+            .evaluate(&batch, &mut rng)
+            .map_err(TrainError::Step)?;
+        sum.loss += m.loss;
+        sum.accuracy += m.accuracy;
+        sum.tau_hat += m.tau_hat;
+    }
+    let n = batches.len() as f64;
+    Ok(Eval {
+        loss: sum.loss / n,
+        accuracy: sum.accuracy / n,
+        tau_hat: sum.tau_hat / n,
+    })
 }
 
 /// A step's batch, taken from the queue, and its prepared inputs.
@@ -555,4 +523,75 @@ struct Ahead {
     item: Item,
     queue_wait: Duration,
     prep: Prepared,
+}
+
+/// Runs one step, turning libtorch's out-of-memory error (returned, or raised as a panic
+/// by tch's unchecked calls) into a one-line usage error; other panics go on unwinding.
+fn guard_oom<T>(
+    step: i64,
+    f: impl FnOnce() -> Result<T, crate::model::ModelError>,
+) -> Result<T, TrainError> {
+    let oom = |text: &str| {
+        text.contains("out of memory")
+            .then(|| TrainError::OutOfMemory {
+                step,
+                message: oom_line(text),
+            })
+    };
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+        Ok(Ok(v)) => Ok(v),
+        Ok(Err(e)) => Err(oom(&e.to_string()).unwrap_or(TrainError::Step(e))),
+        Err(payload) => {
+            let text = payload
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| payload.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_default();
+            match oom(&text) {
+                Some(e) => Err(e),
+                None => std::panic::resume_unwind(payload),
+            }
+        }
+    }
+}
+
+/// The first sentence of libtorch's out-of-memory message ("CUDA out of memory. Tried to
+/// allocate 246.00 MiB").
+pub(crate) fn oom_line(text: &str) -> String {
+    let start = text
+        .find("out of memory")
+        .map_or(0, |i| text[..i].rfind(['"', '(']).map_or(0, |j| j + 1));
+    let rest = &text[start..];
+    let end = rest.match_indices(". ").nth(1).map_or(
+        rest.find('\n').unwrap_or(rest.len()).min(rest.len()),
+        |(i, _)| i,
+    );
+    rest[..end].trim().to_string()
+}
+
+#[cfg(test)]
+mod oom_tests {
+    use super::*;
+
+    #[test]
+    fn an_out_of_memory_panic_becomes_a_one_line_usage_error() {
+        let hook = std::panic::take_hook();
+        std::panic::set_hook(Box::new(|_| {}));
+        let msg = "called `Result::unwrap()` on an `Err` value: Torch(\"CUDA out of memory. \
+                   Tried to allocate 246.00 MiB. GPU 0 has a total capacity of 79.18 GiB\nException\")";
+        let r: Result<(), _> = guard_oom(7, || panic!("{msg}"));
+        let other = std::panic::catch_unwind(|| guard_oom::<()>(1, || panic!("something else")));
+        std::panic::set_hook(hook);
+        let e = r.unwrap_err();
+        assert!(e.is_usage());
+        let line = e.to_string();
+        assert!(
+            line.starts_with(
+                "out of device memory at step 7: CUDA out of memory. Tried to allocate 246.00 MiB;"
+            ),
+            "{line}"
+        );
+        assert_eq!(line.lines().count(), 1);
+        assert!(other.is_err(), "other panics keep unwinding");
+    }
 }

@@ -494,11 +494,6 @@ pub struct PendingMetrics {
 }
 
 impl PendingMetrics {
-    /// The step's token count (known on the host at launch).
-    pub fn tokens(&self) -> i64 {
-        self.tokens
-    }
-
     /// Waits for the copy (the step's one host sync) and reads the metrics.
     pub fn wait(self) -> Result<StepMetrics, ModelError> {
         if let Some(ready) = &self.ready {

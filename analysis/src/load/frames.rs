@@ -51,14 +51,7 @@ pub const SPAN_COLUMNS: &[(&str, &str)] = &[
     ("wait_us", "args.wait_us (queue spans); Float64"),
     ("queue_depth", "args.depth (queue spans); Float32"),
     ("tokens", "args.tokens (drafter.step); Float32"),
-    (
-        "loss",
-        "args.loss (drafter.metrics; drafter.step in older traces); Float64",
-    ),
-    (
-        "loss_step",
-        "args.loss_step: the step whose loss drafter.metrics carries; Float64",
-    ),
+    ("loss", "args.loss (drafter.step); Float64"),
     ("batch", "args.batch; Float32"),
     (
         "correlation",

@@ -25,8 +25,6 @@ pub(crate) enum ArgKey {
     Depth,
     Tokens,
     Loss,
-    /// The step whose loss a `drafter.metrics` span carries.
-    LossStep,
     Batch,
     /// Kineto's launch-to-kernel link.
     Correlation,
@@ -41,12 +39,11 @@ enum ArgUse {
 impl ArgKey {
     /// In declaration order (so `ALL[k].index() == k`), which is also the order of the
     /// arg columns in the span table.
-    pub const ALL: [ArgKey; 7] = [
+    pub const ALL: [ArgKey; 6] = [
         ArgKey::WaitUs,
         ArgKey::Depth,
         ArgKey::Tokens,
         ArgKey::Loss,
-        ArgKey::LossStep,
         ArgKey::Batch,
         ArgKey::Correlation,
     ];
@@ -58,7 +55,6 @@ impl ArgKey {
             ArgKey::Depth => dflash::args::DEPTH,
             ArgKey::Tokens => dflash::args::TOKENS,
             ArgKey::Loss => dflash::args::LOSS,
-            ArgKey::LossStep => dflash::args::LOSS_STEP,
             ArgKey::Batch => dflash::args::BATCH,
             ArgKey::Correlation => CORRELATION_ARG,
         }
@@ -92,9 +88,6 @@ impl ArgUse {
             [b'd', b'e', b'p', b't', b'h'] => ArgUse::Column(ArgKey::Depth),
             [b't', b'o', b'k', b'e', b'n', b's'] => ArgUse::Column(ArgKey::Tokens),
             [b'l', b'o', b's', b's'] => ArgUse::Column(ArgKey::Loss),
-            [b'l', b'o', b's', b's', b'_', b's', b't', b'e', b'p'] => {
-                ArgUse::Column(ArgKey::LossStep)
-            }
             [b'b', b'a', b't', b'c', b'h'] => ArgUse::Column(ArgKey::Batch),
             [b'c', b'o', b'r', b'r', b'e', b'l', b'a', b't', b'i', b'o', b'n'] => {
                 ArgUse::Column(ArgKey::Correlation)

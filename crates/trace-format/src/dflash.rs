@@ -101,14 +101,10 @@ pub const CUDA_HOST_SYNCS: &str = "cuda.host_syncs";
 
 /// Argument keys of the trainer's spans and counters.
 pub mod args {
-    /// `drafter.step`: its step number and tokens trained on.
+    /// `drafter.step`: its step number, tokens trained on, and loss.
     pub const STEP: &str = crate::names::STEP_ARG;
     pub const TOKENS: &str = "tokens";
-    /// `drafter.metrics`: the loss of the step whose metrics it read, and that step
-    /// (the host reads a step's metrics during the next step). Traces before this key
-    /// carried `loss` on `drafter.step`.
     pub const LOSS: &str = "loss";
-    pub const LOSS_STEP: &str = "loss_step";
     /// Queue spans: time blocked (us), depth after the operation, batch number.
     pub const WAIT_US: &str = "wait_us";
     pub const DEPTH: &str = "depth";
