@@ -204,10 +204,7 @@ impl DrafterLoop<'_> {
                     trace::set_thread_recording((window.0..window.1).contains(&step));
                     ahead = Some(next?);
                 }
-                let m = guard_oom(step, || {
-                    let _s = trace::span(trace_name!(names::DRAFTER_METRICS));
-                    pending.wait()
-                })?;
+                let m = guard_oom(step, || pending.wait_traced())?;
                 span.arg(names::args::STEP, step as u64);
                 span.arg(names::args::TOKENS, m.tokens as u64);
                 span.arg(names::args::LOSS, m.loss);

@@ -411,13 +411,11 @@ impl DrafterTrainer {
         launched: Launched,
         batch: &Batch,
     ) -> Result<StepMetrics, ModelError> {
-        let pending = self.send_metrics(launched, batch)?;
-        let _s = trace::span(trace_name!(names::DRAFTER_METRICS));
-        pending.wait()
+        self.send_metrics(launched, batch)?.wait_traced()
     }
 
-    /// Starts the copy of a launched step's metrics to the host; [`PendingMetrics::wait`]
-    /// (inside a `drafter.metrics` span) reads them. Sent before the next step's inputs are
+    /// Starts the copy of a launched step's metrics to the host;
+    /// [`PendingMetrics::wait_traced`] reads them. Sent before the next step's inputs are
     /// prepared, the copy does not wait for their kernels.
     pub fn send_metrics(
         &self,
@@ -430,19 +428,8 @@ impl DrafterTrainer {
     /// Loss and metrics without updating anything.
     pub fn evaluate(&self, batch: &Batch, rng: &mut impl Rng) -> Result<StepMetrics, ModelError> {
         let (out, m) = tch::no_grad(|| self.forward(batch, rng))?;
-        read_metrics(&out, &m, None, batch)
+        send_metrics(&out, &m, None, batch)?.wait()
     }
-}
-
-/// Loss, gradient norm, accuracy and tau_hat of a step, read from the device with one
-/// host sync.
-fn read_metrics(
-    out: &LossOutput,
-    m: &Tensor,
-    norm: Option<&Tensor>,
-    batch: &Batch,
-) -> Result<StepMetrics, ModelError> {
-    send_metrics(out, m, norm, batch)?.wait()
 }
 
 /// Starts the copy of a step's metrics to the host: on CUDA an asynchronous copy into
@@ -454,14 +441,19 @@ fn send_metrics(
     norm: Option<&Tensor>,
     batch: &Batch,
 ) -> Result<PendingMetrics, ModelError> {
-    let zero = out.loss.zeros_like();
+    // a zero norm (one fill kernel) only where there is none
+    let zero;
+    let norm = match norm {
+        Some(n) => n,
+        None => {
+            zero = out.loss.zeros_like();
+            &zero
+        }
+    };
     let values = Tensor::f_cat(
         &[
             out.loss.detach().to_kind(Kind::Float).reshape([1]),
-            norm.unwrap_or(&zero)
-                .detach()
-                .to_kind(Kind::Float)
-                .reshape([1]),
+            norm.detach().to_kind(Kind::Float).reshape([1]),
             objective::accuracy_counts(&out.correct, m),
             objective::tau_counts(&out.correct, m),
         ],
@@ -494,6 +486,12 @@ pub struct PendingMetrics {
 }
 
 impl PendingMetrics {
+    /// [`wait`](Self::wait) inside a `drafter.metrics` span.
+    pub fn wait_traced(self) -> Result<StepMetrics, ModelError> {
+        let _s = trace::span(trace_name!(names::DRAFTER_METRICS));
+        self.wait()
+    }
+
     /// Waits for the copy (the step's one host sync) and reads the metrics.
     pub fn wait(self) -> Result<StepMetrics, ModelError> {
         if let Some(ready) = &self.ready {
