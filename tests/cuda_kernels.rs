@@ -322,7 +322,7 @@ fn the_fused_loss_with_the_kernel_matches_the_aten_path() {
         kernels::set_enabled(fused);
         let x = hidden.detach().set_requires_grad(true);
         let before = kernels::launches();
-        let out = objective::weighted_ce_fused(&x, &head, &labels, &m, &w, 2);
+        let out = objective::weighted_ce_fused(&x, &head, &labels, &m, &w, 2, 0);
         let launched = kernels::launches() - before;
         out.loss.backward();
         (out.loss.double_value(&[]), x.grad(), out.correct, launched)

@@ -49,12 +49,11 @@ fn case() -> Case {
 /// Loss, correct flags and d loss / d hidden of one of the two paths.
 fn run(c: &Case, fused: bool, chunk: i64) -> (f64, Vec<bool>, Tensor) {
     let hidden = c.hidden.copy().set_requires_grad(true);
-    let f = if fused {
-        objective::weighted_ce_fused
+    let out = if fused {
+        objective::weighted_ce_fused(&hidden, &c.head, &c.labels, &c.m, &c.w, chunk, 0)
     } else {
-        objective::weighted_ce_chunked
+        objective::weighted_ce_chunked(&hidden, &c.head, &c.labels, &c.m, &c.w, chunk)
     };
-    let out = f(&hidden, &c.head, &c.labels, &c.m, &c.w, chunk);
     let grad = Tensor::run_backward(&[&out.loss], &[&hidden], false, false).remove(0);
     let correct = Vec::try_from(out.correct.reshape([-1])).unwrap();
     (out.loss.double_value(&[]), correct, grad)
@@ -87,6 +86,49 @@ fn fused_loss_equals_the_autograd_loss_in_value_flags_and_gradient() {
 }
 
 #[test]
+fn skipping_the_unweighted_first_positions_changes_nothing_but_their_flags() {
+    // the objective weighs k = 0 zero; the fused loss then never computes those rows
+    let mut c = case();
+    let k = Tensor::arange(BS, (Kind::Int64, Device::Cpu));
+    c.m = &c.m * k.gt(0).to_kind(Kind::Float);
+    // the first positions' labels are their argmax, so their flags would be true
+    let best = c
+        .hidden
+        .matmul(&c.head.tr())
+        .argmax(-1, false)
+        .view([B, N, BS]);
+    let first = k.eq(0).view([1, 1, BS]);
+    c.labels = best.where_self(&first, &c.labels);
+    let (want, want_correct, want_grad) = run(&c, false, N);
+    for chunk in [1, 2, 3, N] {
+        let hidden = c.hidden.copy().set_requires_grad(true);
+        let out = objective::weighted_ce_fused(
+            &hidden,
+            &c.head,
+            &c.labels,
+            &c.m,
+            &c.w,
+            chunk,
+            objective::FIRST_WEIGHTED,
+        );
+        let grad = Tensor::run_backward(&[&out.loss], &[&hidden], false, false).remove(0);
+        let got = out.loss.double_value(&[]);
+        assert!((got - want).abs() < 1e-5, "chunk {chunk}: {got} vs {want}");
+        let d = (&grad - &want_grad).abs().max().double_value(&[]);
+        assert!(d < 1e-6, "chunk {chunk}: gradients differ by {d}");
+        let correct: Vec<bool> = Vec::try_from(out.correct.reshape([-1])).unwrap();
+        for (i, (&a, &b)) in correct.iter().zip(&want_correct).enumerate() {
+            let first = i as i64 % BS == 0;
+            assert_eq!(a, b && !first, "chunk {chunk}: position {i}");
+        }
+        let g0 = grad.view([B, N, BS, H]).narrow(2, 0, 1).abs().max();
+        assert_eq!(g0.double_value(&[]), 0.0);
+    }
+    // every first position was correct on the autograd path, so the flags were tested
+    assert!((0..want_correct.len()).all(|i| i as i64 % BS != 0 || want_correct[i]));
+}
+
+#[test]
 fn the_gradient_is_the_hand_formula_on_one_token() {
     // one weighted token: d loss / d h = (softmax(W h) - onehot(y))^T W
     let hidden = Tensor::from_slice(&[0.5f32, -1.0])
@@ -96,7 +138,7 @@ fn the_gradient_is_the_hand_formula_on_one_token() {
     let labels = Tensor::from_slice(&[2i64]).view([1, 1, 1]);
     let m = Tensor::from_slice(&[1.0f32]).view([1, 1, 1]);
     let w = Tensor::from_slice(&[1.0f32]);
-    let out = objective::weighted_ce_fused(&hidden, &head, &labels, &m, &w, 1);
+    let out = objective::weighted_ce_fused(&hidden, &head, &labels, &m, &w, 1, 0);
     let g = Tensor::run_backward(&[&out.loss], &[&hidden], false, false).remove(0);
     let logits = [0.5f64, -1.0, -0.5];
     let z: f64 = logits.iter().map(|l| l.exp()).sum();
@@ -115,8 +157,9 @@ fn the_gradient_is_the_hand_formula_on_one_token() {
 #[test]
 fn without_a_gradient_only_the_value_is_computed() {
     let c = case();
-    let out =
-        tch::no_grad(|| objective::weighted_ce_fused(&c.hidden, &c.head, &c.labels, &c.m, &c.w, 2));
+    let out = tch::no_grad(|| {
+        objective::weighted_ce_fused(&c.hidden, &c.head, &c.labels, &c.m, &c.w, 2, 0)
+    });
     assert!(!out.loss.requires_grad());
     let (want, _, _) = run(&c, false, 2);
     assert!((out.loss.double_value(&[]) - want).abs() < 1e-5);
@@ -194,7 +237,7 @@ fn bf16_fused_loss_matches_the_fp32_reference_to_bf16_precision() {
     let (want, want_grad) = fp32_reference(&c, &hidden0, &head);
     for chunk in [1, 2, N] {
         let hidden = hidden0.copy().set_requires_grad(true);
-        let out = objective::weighted_ce_fused(&hidden, &head, &c.labels, &c.m, &c.w, chunk);
+        let out = objective::weighted_ce_fused(&hidden, &head, &c.labels, &c.m, &c.w, chunk, 0);
         assert_eq!(out.loss.kind(), Kind::Float);
         let g = Tensor::run_backward(&[&out.loss], &[&hidden], false, false).remove(0);
         assert_eq!(g.kind(), Kind::BFloat16);
@@ -233,7 +276,7 @@ fn a_confident_token_keeps_its_small_loss_and_gradient_in_bf16() {
     let labels = Tensor::from_slice(&[7i64]).view([1, 1, 1]);
     let m = Tensor::from_slice(&[1.0f32]).view([1, 1, 1]);
     let w = Tensor::from_slice(&[1.0f32]);
-    let out = objective::weighted_ce_fused(&hidden, &head, &labels, &m, &w, 1);
+    let out = objective::weighted_ce_fused(&hidden, &head, &labels, &m, &w, 1, 0);
     let g = Tensor::run_backward(&[&out.loss], &[&hidden], false, false).remove(0);
     let rest = 63.0 / (12f64.exp() + 63.0);
     let want_loss = -(1.0 - rest).ln();

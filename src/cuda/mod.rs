@@ -78,6 +78,7 @@ mod ffi {
             weight_decay: f64,
             eps: f64,
         ) -> c_int;
+        pub fn dflash_clear_grads(tensors: *const *mut c_void, n: i64) -> c_int;
         pub fn dflash_cuda_record_stream(
             tensor: *mut c_void,
             device: c_int,

@@ -47,3 +47,16 @@ pub fn fused_adamw(
         )
     })
 }
+
+/// Drops the gradients of `tensors` (PyTorch's `p.grad = None`; any device). The next
+/// backward pass then gives each tensor its gradient as computed, where tch's
+/// `zero_grad` keeps a zeroed buffer that the backward fills and adds into: one fill and
+/// one add kernel per parameter and step.
+pub fn clear_grads(tensors: &[tch::Tensor]) -> Result<()> {
+    let ptrs: Vec<*mut c_void> = tensors.iter().map(|t| t.as_ptr() as *mut c_void).collect();
+    // SAFETY: `ptrs` holds tch's `torch::Tensor*` of tensors borrowed for this call; the
+    // shim resets each one's gradient field and keeps no pointer.
+    check("clear_grads", unsafe {
+        ffi::dflash_clear_grads(ptrs.as_ptr(), ptrs.len() as i64)
+    })
+}

@@ -116,6 +116,10 @@ pub fn labels_and_mask(
     (labels, m)
 }
 
+/// The first position of a block that carries loss weight: the anchor's own token
+/// (`k = 0`) is given, so `labels_and_mask` weighs it 0 and its logits are never needed.
+pub const FIRST_WEIGHTED: i64 = 1;
+
 /// Decay weights `w_k = exp(-(k-1)/gamma)`, `[bs]` (float).
 pub fn decay_weights(block_size: i64, gamma: f64, device: Device) -> Tensor {
     ((Tensor::arange(block_size, (Kind::Float, device)) - 1.0) * (-1.0 / gamma)).exp()
@@ -202,6 +206,12 @@ pub fn weighted_ce_chunked(
 ///    precision);
 /// 3. `p[y] = -s`, and the input gradient `(p @ lm_head) * m * w / sum(m * w)`.
 ///
+/// Positions `k < first_weighted` of each block are not computed at all: they must carry
+/// no loss weight (the objective's `k = 0`, see [`labels_and_mask`] and
+/// [`FIRST_WEIGHTED`]); their correct flags are false and their gradient 0. On the
+/// realistic shape that is one token in 16 of the lm_head's two GEMMs and the softmax.
+/// The chunks are `chunk_blocks` blocks' worth of rows of the whole batch.
+///
 /// Nothing of the `[tokens, vocab]` block outlives its chunk; the returned loss carries
 /// the gradient as `value + <hidden, g> - stop_gradient(<hidden, g>)`, so the backward
 /// pass of the whole loss costs one scale of `g`. The lm_head is frozen: no gradient
@@ -220,37 +230,52 @@ pub fn weighted_ce_fused(
     m: &Tensor,
     w: &Tensor,
     chunk_blocks: i64,
+    first_weighted: i64,
 ) -> LossOutput {
     let (b, n, bs) = (labels.size()[0], labels.size()[1], labels.size()[2]);
     let h = hidden.size()[2];
+    let k0 = first_weighted.clamp(0, bs - 1);
+    let kept = bs - k0;
     let want_grad = hidden.requires_grad();
-    let step = chunk_blocks.max(1);
+    // rows of the same count as `chunk_blocks` whole blocks of the batch; the skipped
+    // positions do not shrink the chunks, so the lm_head GEMMs keep their shape
+    let step = chunk_blocks.max(1) * b * bs;
     let (value, correct, grad) = tch::no_grad(|| {
-        let hd = hidden.detach().view([b, n, bs, h]);
+        let rows = |t: &Tensor, last: i64| {
+            let t = t.view([b, n, bs, last]);
+            if k0 == 0 {
+                t.reshape([-1, last])
+            } else {
+                t.narrow(2, k0, kept).reshape([-1, last])
+            }
+        };
+        let hd = rows(&hidden.detach(), h);
         let mw = m * w;
         let denom = mw.sum(Kind::Float).clamp_min(1e-6);
-        let scale = (&mw / &denom).to_kind(Kind::Float);
+        let scale = rows(&(&mw / &denom).to_kind(Kind::Float), 1);
+        let labels = rows(labels, 1);
+        let total_rows = b * n * kept;
         let mut total: Option<Tensor> = None;
         let (mut correct, mut grads) = (Vec::new(), Vec::new());
         let mut start = 0;
-        while start < n {
-            let len = step.min(n - start);
-            let hc = hd.narrow(1, start, len).reshape([-1, h]);
+        while start < total_rows {
+            let len = step.min(total_rows - start);
+            let hc = hd.narrow(0, start, len);
             let logits = hc.matmul(&lm_head.tr());
-            let y = labels.narrow(1, start, len).reshape([-1, 1]);
-            let sc = scale.narrow(1, start, len).reshape([-1, 1]);
+            let y = labels.narrow(0, start, len);
+            let sc = scale.narrow(0, start, len);
             // p = softmax(logits) with the label entry zeroed (ATen) or set to -rest
             // (the fused kernel, on CUDA in bf16), p_y, rest = the sum of p's other entries
             let y_flat = y.view([-1]);
             let mut p = logits;
             let (p_y, rest, fused) = match crate::cuda::kernels::softmax_xent(&mut p, &y_flat) {
                 Some(x) => {
-                    correct.push(x.argmax.eq_tensor(&y_flat).view([b, len, bs]));
+                    correct.push(x.argmax.eq_tensor(&y_flat));
                     (x.p_label.view([-1, 1]), x.rest.view([-1, 1]), true)
                 }
                 None => {
                     p = p.softmax(-1, p.kind());
-                    correct.push(p.argmax(-1, false).eq_tensor(&y_flat).view([b, len, bs]));
+                    correct.push(p.argmax(-1, false).eq_tensor(&y_flat));
                     let p_y = p.gather(1, &y, false).to_kind(Kind::Float);
                     let _ = p.scatter_value_(1, &y, 0.0);
                     let rest = p.sum_dim_intlist([-1].as_slice(), true, Kind::Float);
@@ -272,16 +297,23 @@ pub fn weighted_ce_fused(
                     let _ = p.scatter_(1, &y, &rest.neg().to_kind(p.kind()));
                 }
                 let g = p.matmul(lm_head).to_kind(Kind::Float) * &sc;
-                grads.push(g.to_kind(hidden.kind()).view([b, len, bs, h]));
+                grads.push(g.to_kind(hidden.kind()));
             }
             start += len;
         }
-        let grad = want_grad.then(|| Tensor::cat(&grads, 1).view([b, n * bs, h]));
-        (
-            total.expect("at least one block"),
-            Tensor::cat(&correct, 1),
-            grad,
-        )
+        // the skipped positions: not correct (they carry no weight), no gradient
+        let front = |t: Tensor, last: i64| {
+            let t = t.view([b, n, kept, last]);
+            if k0 == 0 {
+                t
+            } else {
+                let skipped = Tensor::zeros([b, n, k0, last], (t.kind(), t.device()));
+                Tensor::cat(&[skipped, t], 2)
+            }
+        };
+        let correct = front(Tensor::cat(&correct, 0), 1).view([b, n, bs]);
+        let grad = want_grad.then(|| front(Tensor::cat(&grads, 0), h).view([b, n * bs, h]));
+        (total.expect("at least one block"), correct, grad)
     });
     let loss = match grad {
         Some(g) => {

@@ -119,7 +119,7 @@ impl AdamW {
     }
 
     /// One AdamW update with learning rate `lr` from the flat fp32 gradient `grad`, then
-    /// refreshes the model's parameters and clears their gradients.
+    /// refreshes the model's parameters and drops their gradients.
     pub fn step(&mut self, grad: &Tensor, lr: f64) {
         self.step_divided(grad, lr, None);
     }
@@ -132,9 +132,7 @@ impl AdamW {
         let c = self.cfg;
         let t = self.step as f64;
         if self.master.device().is_cuda() && self.fused_step(grad, lr, divisor) {
-            for p in &mut self.params {
-                p.zero_grad();
-            }
+            self.clear_grads();
             return;
         }
         let divided = divisor.map(|d| grad / d);
@@ -158,8 +156,18 @@ impl AdamW {
                 flat.copy_(&self.master);
             }
         });
-        for p in &mut self.params {
-            p.zero_grad();
+        self.clear_grads();
+    }
+
+    /// Drops the parameters' gradients once the update has read them, so the next backward
+    /// pass writes fresh ones (no zero fill, no accumulation kernel per parameter).
+    fn clear_grads(&mut self) {
+        if let Err(e) = crate::cuda::ops::clear_grads(&self.params) {
+            // the shim only fails if ATen throws; zeroing is the same update
+            eprintln!("warning: {e}; zeroing the gradients instead");
+            for p in &mut self.params {
+                p.zero_grad();
+            }
         }
     }
 
@@ -367,6 +375,41 @@ mod tests {
         }
         let moved = (p0.detach() - &init).abs().min().double_value(&[]);
         assert!(moved > 1e-3, "every value moved");
+    }
+
+    #[test]
+    fn a_step_drops_the_gradients_so_the_next_backward_does_not_accumulate() {
+        let p = Tensor::from_slice(&[1.0f32, -2.0, 0.5]).set_requires_grad(true);
+        let q = Tensor::from_slice(&[3.0f32]).set_requires_grad(true);
+        let mut opt = AdamW::new(
+            vec![
+                ("p".into(), p.shallow_clone()),
+                ("q".into(), q.shallow_clone()),
+            ],
+            AdamWConfig::default(),
+        )
+        .unwrap();
+        // loss = sum(p^2) * q: dp = 2 p q, dq = sum(p^2), from the values at each step
+        let grads_by_hand = |p: &[f32], q: f32| -> Vec<f32> {
+            let mut g: Vec<f32> = p.iter().map(|x| 2.0 * x * q).collect();
+            g.push(p.iter().map(|x| x * x).sum());
+            g
+        };
+        for step in 0..3 {
+            let (pv, qv) = (
+                Vec::<f32>::try_from(&p.detach()).unwrap(),
+                q.detach().double_value(&[0]) as f32,
+            );
+            (p.square().sum(Kind::Float) * &q).backward();
+            let got = Vec::<f32>::try_from(&opt.flat_grad()).unwrap();
+            let want = grads_by_hand(&pv, qv);
+            for (a, b) in got.iter().zip(&want) {
+                assert!((a - b).abs() < 1e-5, "step {step}: {got:?} vs {want:?}");
+            }
+            let g = opt.flat_grad();
+            opt.step(&g, 0.01);
+            assert!(!p.grad().defined() && !q.grad().defined(), "step {step}");
+        }
     }
 
     #[test]

@@ -352,19 +352,20 @@ impl DrafterTrainer {
         let _s = section(trace_name!(names::DRAFTER_LM_HEAD_LOSS), self.device);
         let (labels, m) =
             objective::labels_and_mask(input_ids, loss_mask, &anchors.anchors, &anchors.keep, bs);
-        let loss = if self.cfg.fused_loss {
-            objective::weighted_ce_fused
+        let (head, w, chunk) = (&self.lm_head, &self.weights, self.cfg.chunk_blocks);
+        let out = if self.cfg.fused_loss {
+            objective::weighted_ce_fused(
+                &hidden,
+                head,
+                &labels,
+                &m,
+                w,
+                chunk,
+                objective::FIRST_WEIGHTED,
+            )
         } else {
-            objective::weighted_ce_chunked
+            objective::weighted_ce_chunked(&hidden, head, &labels, &m, w, chunk)
         };
-        let out = loss(
-            &hidden,
-            &self.lm_head,
-            &labels,
-            &m,
-            &self.weights,
-            self.cfg.chunk_blocks,
-        );
         Ok((out, m))
     }
 
