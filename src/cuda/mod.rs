@@ -30,11 +30,6 @@ mod ffi {
             stream_id: *mut i64,
             raw: *mut *mut c_void,
         ) -> c_int;
-        pub fn dflash_cuda_use_new_priority_stream(
-            device: c_int,
-            stream_id: *mut i64,
-            raw: *mut *mut c_void,
-        ) -> c_int;
         pub fn dflash_cuda_new_stream(
             device: c_int,
             stream_id: *mut i64,
@@ -214,16 +209,6 @@ fn stream_from(op: &'static str, device: usize, f: StreamFn) -> Result<Stream> {
 /// stream there: tch operations of this thread then run on it.
 pub fn use_new_stream(device: usize) -> Result<Stream> {
     stream_from("use_new_stream", device, ffi::dflash_cuda_use_new_stream)
-}
-
-/// As [`use_new_stream`], from c10's high-priority pool: where streams share the GPU, the
-/// block scheduler dispatches this one's kernels first.
-pub fn use_new_priority_stream(device: usize) -> Result<Stream> {
-    stream_from(
-        "use_new_priority_stream",
-        device,
-        ffi::dflash_cuda_use_new_priority_stream,
-    )
 }
 
 /// A stream of c10's pool on `device`, not made current.

@@ -64,19 +64,6 @@ int dflash_cuda_use_new_stream(int device, int64_t* stream_id, void** raw) {
   })
 }
 
-// As dflash_cuda_use_new_stream, from c10's high-priority pool: the GPU's block scheduler
-// dispatches its kernels' blocks before those of normal-priority streams.
-int dflash_cuda_use_new_priority_stream(int device, int64_t* stream_id, void** raw) {
-  SHIM_TRY({
-    c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
-    auto s = c10::cuda::getStreamFromPool(true, static_cast<c10::DeviceIndex>(device));
-    c10::cuda::setCurrentCUDAStream(s);
-    *stream_id = s.id();
-    *raw = static_cast<void*>(s.stream());
-    return 0;
-  })
-}
-
 // A stream from c10's pool that is NOT made current: for work that must not disturb the
 // calling thread's stream (the trace recorder's calibration events).
 int dflash_cuda_new_stream(int device, int64_t* stream_id, void** raw) {

@@ -78,10 +78,6 @@ pub struct TrainConfig {
     /// the realistic step on one H100 takes 22.4-22.7 instead of 26.2 ms with them,
     /// docs/gpu-results.md).
     pub fused_drafter_kernels: bool,
-    /// On CUDA, run the drafter on a high-priority stream: where the target shares its
-    /// GPU, the drafter's kernels (the step's critical path) are scheduled first and the
-    /// target's fill the gaps.
-    pub drafter_priority: bool,
     pub drafter_layers: i64,
     /// Target layers tapped; empty: the DFlash formula.
     pub target_layer_ids: Vec<usize>,
@@ -144,7 +140,6 @@ impl Default for TrainConfig {
             fused_loss: true,
             fused_kernels: true,
             fused_drafter_kernels: true,
-            drafter_priority: false,
             drafter_layers: 2,
             target_layer_ids: Vec::new(),
             sliding_layers: 0,
@@ -256,7 +251,6 @@ impl TrainConfig {
             "fused_loss",
             "fused_kernels",
             "fused_drafter_kernels",
-            "drafter_priority",
             "drafter_layers",
             "target_layer_ids",
             "sliding_layers",

@@ -107,12 +107,7 @@ pub fn run(cfg: TrainConfig, opts: &RunOptions) -> Result<RunReport, TrainError>
     trace::set_thread_recording(false);
     let stream = match plan.drafter_device {
         Device::Cuda(i) => {
-            let s = if plan.cfg.drafter_priority {
-                cuda::use_new_priority_stream(i)
-            } else {
-                cuda::use_new_stream(i)
-            }
-            .map_err(TrainError::Cuda)?;
+            let s = cuda::use_new_stream(i).map_err(TrainError::Cuda)?;
             trace::bind_gpu(i, "drafter");
             Some(s)
         }
