@@ -241,13 +241,11 @@ pub fn weighted_ce_fused(
     // positions do not shrink the chunks, so the lm_head GEMMs keep their shape
     let step = chunk_blocks.max(1) * b * bs;
     let (value, correct, grad) = tch::no_grad(|| {
+        // the kept positions as rows (a view when nothing is skipped)
         let rows = |t: &Tensor, last: i64| {
-            let t = t.view([b, n, bs, last]);
-            if k0 == 0 {
-                t.reshape([-1, last])
-            } else {
-                t.narrow(2, k0, kept).reshape([-1, last])
-            }
+            t.view([b, n, bs, last])
+                .narrow(2, k0, kept)
+                .reshape([-1, last])
         };
         let hd = rows(&hidden.detach(), h);
         let mw = m * w;
