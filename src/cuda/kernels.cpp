@@ -560,7 +560,8 @@ int dflash_softmax_xent(void* logits_, void* labels_, void** p_label_out, void**
     at::Tensor& z = *static_cast<at::Tensor*>(logits_);
     const at::Tensor& y = *static_cast<at::Tensor*>(labels_);
     if (!applies({&z})) return 1;
-    if (z.dim() != 2 || !z.is_contiguous() || z.size(1) % 8 != 0 || z.size(1) == 0) return 1;
+    if (z.dim() != 2 || !z.is_contiguous() || z.size(1) % 8 != 0 || z.size(1) == 0 || z.size(1) > 0x7fffffff)
+      return 1;
     if (!y.is_cuda() || y.device() != z.device() || y.scalar_type() != at::kLong || !y.is_contiguous() ||
         y.numel() != z.size(0))
       return 1;
@@ -580,7 +581,7 @@ int dflash_softmax_xent(void* logits_, void* labels_, void** p_label_out, void**
       void* ap = argmax.data_ptr();
       void* args[] = {&zp, &yp, &v, &pp, &rp, &ap};
       if (rows > 0x7fffffff) return 1;
-      int rc = launch(z.get_device(), SOFTMAX_XENT, static_cast<unsigned>(rows), 512, args);
+      int rc = launch(z.get_device(), SOFTMAX_XENT, static_cast<unsigned>(rows), 1024, args);
       if (rc != 0) return rc;
     }
     *p_label_out = new at::Tensor(std::move(p_label));
