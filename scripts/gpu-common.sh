@@ -1,14 +1,19 @@
-# Sourced by the GPU scripts (gpu-run.sh, gpu-kernels.sh) after they set `bin` and `out`:
-# finds the host's CUDA PyTorch install (its libtorch and CUDA libraries), writes
-# $out/device.txt, and defines `common`, the realistic configuration's train arguments
-# (target hidden 1024 x 28 layers, vocab 151936; drafter 3 layers, block 16, 256
-# anchors, sequence 2048, batch 1; target and drafter on cuda:0; the loss in chunks of
-# 128 blocks, 2048 tokens: 27.1 ms/step on one H100 against 28.7 with 32 and 27.2 with
-# all 256), and `train_run NAME
-# ARGS...`, one training with those arguments under a watchdog: DEADLINE (seconds from
-# the start after which no further run is begun; default none), RUN_TIMEOUT (seconds one
-# training may take before its threads' kernel wait channels and stacks are written to
-# NAME.hang.txt and it is killed; default 120).
+# Sourced by the GPU scripts (gpu-run.sh, gpu-kernels.sh, gpu-step.sh) after they set
+# `bin` and `out`: refuses an `out` that is not empty (exit 2), finds the host's CUDA
+# PyTorch install (its libtorch and CUDA libraries), writes $out/device.txt, and defines
+# `common`, the realistic configuration's train arguments (target hidden 1024 x 28 layers,
+# vocab 151936; drafter 3 layers, block 16, 256 anchors, sequence 2048, batch 1; target
+# and drafter on cuda:0; the loss in chunks of 128 blocks, 2048 tokens: 27.1 ms/step on
+# one H100 against 28.7 with 32 and 27.2 with all 256), and `train_run NAME ARGS...`, one
+# training with those arguments under a watchdog: DEADLINE (seconds from the start after
+# which no further run is begun; default none), RUN_TIMEOUT (seconds one training may take
+# before its threads' kernel wait channels and stacks are written to NAME.hang.txt and it
+# is killed; default 120).
+if [[ -d "$out" && -n "$(ls -A "$out")" ]]; then
+  # its earlier runs would be listed with this call's (and trainings refuse their run dirs)
+  echo "error: output directory $out is not empty; choose a new one" >&2
+  exit 2
+fi
 py="${PYTHON:-python3}"
 torch_dir="$("$py" -c 'import torch, os; print(os.path.dirname(torch.__file__))')"
 site="$(dirname "$torch_dir")"
