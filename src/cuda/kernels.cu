@@ -334,10 +334,9 @@ __device__ __forceinline__ void arg_merge(float& v, int& i, float v2, int i2) {
 // by 1/sum, a half of a bf16x2 conversion and 32-bit index arithmetic. The second pass
 // runs backwards, so it starts on the values the first read last, the likeliest still in
 // L2.
-template <bool REVERSE>
-__device__ __forceinline__ void softmax_xent_row(bf16_t* __restrict__ z, const long long* __restrict__ labels,
-                                                 long long v64, float* __restrict__ p_label,
-                                                 float* __restrict__ rest, long long* __restrict__ argmax) {
+extern "C" __global__ void softmax_xent(bf16_t* __restrict__ z, const long long* __restrict__ labels,
+                                        long long v64, float* __restrict__ p_label,
+                                        float* __restrict__ rest, long long* __restrict__ argmax) {
   constexpr float L2E = 1.4426950408889634f;
   const float NEG_INF = __int_as_float(0xff800000);
   __shared__ float scratch[32];
@@ -391,7 +390,7 @@ __device__ __forceinline__ void softmax_xent_row(bf16_t* __restrict__ z, const l
   const int first = threadIdx.x * 8;
   const int count = first < v ? (v - 1 - first) / stride + 1 : 0;
   for (int k = 0; k < count; ++k) {
-    const int i = first + (REVERSE ? count - 1 - k : k) * stride;
+    const int i = first + (count - 1 - k) * stride;
     float x[8];
     load<8>(r + i, x);
     Words<4> w;
@@ -402,13 +401,12 @@ __device__ __forceinline__ void softmax_xent_row(bf16_t* __restrict__ z, const l
       x[2 * j + 1] = bf2f(w.w[j] >> 16);
     }
     *reinterpret_cast<Words<4>*>(r + i) = w;
-    // first index on ties: forwards a strictly larger value wins, backwards an equal one
+    // backwards, so an equal value wins: the first index on ties
 #pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      const int jj = REVERSE ? 7 - j : j;
-      if (REVERSE ? x[jj] >= best : x[jj] > best) {
-        best = x[jj];
-        best_i = i + jj;
+    for (int j = 7; j >= 0; --j) {
+      if (x[j] >= best) {
+        best = x[j];
+        best_i = i + j;
       }
     }
     if ((unsigned)(y - i) < 8u) {
@@ -444,10 +442,4 @@ __device__ __forceinline__ void softmax_xent_row(bf16_t* __restrict__ z, const l
     argmax[row] = best_i;
     if (y >= 0) r[y] = (bf16_t)f2bf(-total);
   }
-}
-
-extern "C" __global__ void softmax_xent(bf16_t* __restrict__ z, const long long* __restrict__ labels,
-                                        long long v, float* __restrict__ p_label,
-                                        float* __restrict__ rest, long long* __restrict__ argmax) {
-  softmax_xent_row<true>(z, labels, v, p_label, rest, argmax);
 }
