@@ -14,6 +14,7 @@ use dflash::train::pipeline::{self, RunOptions, RunReport, RunStatus, TrainError
 use dflash::train::prepare;
 use dflash::train::pretrain::{self, PretrainConfig};
 use dflash::train::records::{DataError, Format};
+use dflash::train::run_log::WARMUP_STEPS;
 use dflash::train::tokenizer::{self, HfTokenizer, Tokenizer};
 
 mod cli;
@@ -199,9 +200,14 @@ fn print_report(report: &RunReport, run_dir: &Path) {
         _ => "done",
     };
     match (report.losses.first(), report.losses.last()) {
-        (Some(first), Some(last)) => eprintln!(
+        (Some(first), Some(last)) if report.timed_steps > 0 => eprintln!(
             "{how}: {} steps, loss {first:.4} -> {last:.4}, {:.0} tokens/s, {:.1} ms/step",
             report.steps_done, report.tokens_per_s, report.mean_step_ms
+        ),
+        (Some(first), Some(last)) => eprintln!(
+            "{how}: {} steps, loss {first:.4} -> {last:.4}, throughput not measured \
+             (the first {WARMUP_STEPS} steps of a run or resume are warm-up)",
+            report.steps_done
         ),
         _ => eprintln!("{how}: no step trained in this run"),
     }

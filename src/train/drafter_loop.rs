@@ -411,7 +411,9 @@ impl DrafterLoop<'_> {
     ) -> Result<(), TrainError> {
         let cfg = &self.plan.cfg;
         let done = p.state.step - p.report.start_step;
-        (p.report.tokens_per_s, p.report.mean_step_ms) = log.console.throughput(done);
+        (p.report.tokens_per_s, p.report.mean_step_ms) =
+            log.console.throughput().unwrap_or((0.0, 0.0));
+        p.report.timed_steps = log.console.timed_steps();
         p.report.steps_done = done;
         p.report.step = p.state.step;
         let finished = p.state.step == cfg.steps;

@@ -53,8 +53,12 @@ pub struct RunReport {
     pub start_step: i64,
     pub steps_done: i64,
     pub losses: Vec<f64>,
+    /// Over the timed steps: this process's steps after its first two (warm-up); both 0
+    /// when there were none.
     pub tokens_per_s: f64,
     pub mean_step_ms: f64,
+    /// How many steps `tokens_per_s` and `mean_step_ms` cover.
+    pub timed_steps: i64,
     pub heldout_before: Option<Eval>,
     pub heldout_after: Option<Eval>,
     pub stopped_by_signal: bool,

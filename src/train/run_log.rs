@@ -126,8 +126,11 @@ pub struct Console {
     pub steps: i64,
     /// Since the last progress line: start, tokens, queue wait.
     window: (Instant, i64, Duration),
-    /// Steps after the first two (allocator warm-up and kernel selection): time, tokens.
-    timed: (Duration, i64),
+    /// Steps this process ran: the first two (allocator warm-up and kernel selection) are
+    /// not timed, in a resumed run as in a fresh one.
+    seen: i64,
+    /// The timed steps: time, tokens, count.
+    timed: (Duration, i64, i64),
 }
 
 impl Console {
@@ -137,7 +140,8 @@ impl Console {
             log_every,
             steps,
             window: (Instant::now(), 0, Duration::ZERO),
-            timed: (Duration::ZERO, 0),
+            seen: 0,
+            timed: (Duration::ZERO, 0, 0),
         }
     }
 
@@ -145,9 +149,11 @@ impl Console {
     /// steps and at `end`).
     fn step(&mut self, r: &StepRecord, end: i64) {
         let m = &r.metrics;
-        if r.step >= 2 {
+        self.seen += 1;
+        if self.seen > WARMUP_STEPS {
             self.timed.0 += r.elapsed;
             self.timed.1 += m.tokens;
+            self.timed.2 += 1;
         }
         self.window.1 += m.tokens;
         self.window.2 += r.queue_wait;
@@ -170,19 +176,25 @@ impl Console {
         self.window = (Instant::now(), 0, Duration::ZERO);
     }
 
-    /// Tokens per second and mean step time over the timed steps of `steps_done`.
-    pub fn throughput(&self, steps_done: i64) -> (f64, f64) {
-        let (t, tokens) = self.timed;
-        if t == Duration::ZERO {
-            return (0.0, 0.0);
+    /// How many steps the throughput figures cover.
+    pub fn timed_steps(&self) -> i64 {
+        self.timed.2
+    }
+
+    /// Tokens per second and mean step time (ms) over the timed steps; `None` when this
+    /// process ran no step past the warm-up.
+    pub fn throughput(&self) -> Option<(f64, f64)> {
+        let (t, tokens, n) = self.timed;
+        if n == 0 || t == Duration::ZERO {
+            return None;
         }
         let secs = t.as_secs_f64();
-        (
-            tokens as f64 / secs,
-            secs * 1e3 / (steps_done - 2).max(1) as f64,
-        )
+        Some((tokens as f64 / secs, secs * 1e3 / n as f64))
     }
 }
+
+/// Steps at the start of each process that throughput figures leave out.
+pub const WARMUP_STEPS: i64 = 2;
 
 /// The metrics file and the console of one run.
 pub struct RunLog {
@@ -326,6 +338,39 @@ mod tests {
             })
             .collect();
         assert_eq!(steps, [0, 1, 2, 3]);
+    }
+
+    #[test]
+    fn throughput_leaves_out_each_process_s_first_two_steps() {
+        let record = |step: i64, ms: u64, tokens: i64| StepRecord {
+            step,
+            metrics: StepMetrics {
+                loss: 1.0,
+                accuracy: 0.0,
+                tau_hat: 1.0,
+                tokens,
+                grad_norm: 0.0,
+            },
+            lr: 1e-3,
+            elapsed: Duration::from_millis(ms),
+            queue_wait: Duration::ZERO,
+        };
+        // a resume at step 100: its first two steps are warm-up, like a fresh run's
+        let mut c = Console::new(true, 1, 105);
+        for (i, ms) in [500, 300, 10, 20, 30].into_iter().enumerate() {
+            c.step(&record(100 + i as i64, ms, 100), 105);
+        }
+        assert_eq!(c.timed_steps(), 3);
+        let (tok_s, ms) = c.throughput().unwrap();
+        // 300 tokens in 60 ms
+        assert!((tok_s - 5000.0).abs() < 1e-6, "{tok_s}");
+        assert!((ms - 20.0).abs() < 1e-9, "{ms}");
+        // two steps: nothing timed, not '0 tokens/s'
+        let mut short = Console::new(true, 1, 2);
+        short.step(&record(0, 5, 100), 2);
+        short.step(&record(1, 5, 100), 2);
+        assert_eq!(short.throughput(), None);
+        assert_eq!(short.timed_steps(), 0);
     }
 
     #[test]
