@@ -12,7 +12,9 @@
 #include <cuda_runtime_api.h>
 #include <dlfcn.h>
 #include <nvrtc.h>
-#include <torch/torch.h>
+#include <ATen/ATen.h>
+#include <torch/autograd.h>
+#include <torch/types.h>
 
 #include <algorithm>
 #include <cstdint>

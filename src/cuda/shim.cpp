@@ -5,7 +5,8 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
-#include <torch/torch.h>
+#include <ATen/ATen.h>
+#include <torch/types.h>
 #include <cuda_runtime_api.h>
 #include <cstdint>
 #include <cstdlib>

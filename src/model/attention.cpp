@@ -12,7 +12,9 @@
 // buffer per input: no zero fill but one per key tensor, no graph over the full tensors.
 // Once differentiable: the groups' graphs are freed by the backward.
 
-#include <torch/torch.h>
+#include <ATen/ATen.h>
+#include <torch/autograd.h>
+#include <torch/types.h>
 
 #include <cstring>
 #include <string>
