@@ -129,8 +129,8 @@ pub struct Console {
     /// Steps this process ran: the first two (allocator warm-up and kernel selection) are
     /// not timed, in a resumed run as in a fresh one.
     seen: i64,
-    /// The timed steps: time, tokens, count.
-    timed: (Duration, i64, i64),
+    /// The timed steps (all but the first `WARMUP_STEPS` seen): time, tokens.
+    timed: (Duration, i64),
 }
 
 impl Console {
@@ -141,7 +141,7 @@ impl Console {
             steps,
             window: (Instant::now(), 0, Duration::ZERO),
             seen: 0,
-            timed: (Duration::ZERO, 0, 0),
+            timed: (Duration::ZERO, 0),
         }
     }
 
@@ -153,7 +153,6 @@ impl Console {
         if self.seen > WARMUP_STEPS {
             self.timed.0 += r.elapsed;
             self.timed.1 += m.tokens;
-            self.timed.2 += 1;
         }
         self.window.1 += m.tokens;
         self.window.2 += r.queue_wait;
@@ -178,13 +177,14 @@ impl Console {
 
     /// How many steps the throughput figures cover.
     pub fn timed_steps(&self) -> i64 {
-        self.timed.2
+        (self.seen - WARMUP_STEPS).max(0)
     }
 
     /// Tokens per second and mean step time (ms) over the timed steps; `None` when this
     /// process ran no step past the warm-up.
     pub fn throughput(&self) -> Option<(f64, f64)> {
-        let (t, tokens, n) = self.timed;
+        let (t, tokens) = self.timed;
+        let n = self.timed_steps();
         if n == 0 || t == Duration::ZERO {
             return None;
         }
