@@ -25,6 +25,15 @@ pub const RULES: [&str; 6] = [
     "host_bound",
 ];
 
+/// What bounds the run's step: the rule of its bound finding (one of [`RULES`]) and the
+/// side it concerns (`drafter`, `target`, or none for a single-stream trace).
+pub fn bound_of(b: &Breakdown) -> Option<(&'static str, Option<&str>)> {
+    b.findings
+        .iter()
+        .find(|f| RULES.contains(&f.rule))
+        .map(|f| (f.rule, f.subject.as_deref()))
+}
+
 /// A candidate bound: rule, share of step time, text.
 type Candidate = (&'static str, f64, String);
 

@@ -60,7 +60,9 @@ pub enum Command {
     Plot(PlotArgs),
     /// Compares two runs section by section: median ratio B/A with a bootstrap confidence
     /// interval, a Mann-Whitney U test, Holm's correction, and a noise band. A slower host
-    /// (every CPU section shifted alike) is reported once, not as many regressions.
+    /// (every CPU section shifted alike) is reported once, not as many regressions; a
+    /// change under --min-effect of the step is not flagged, and when both runs are
+    /// GPU-bound the CPU sections' changes are host slack, reported once and not counted.
     Compare(CompareArgs),
     /// Writes the loaded frames (spans, counters, flows, threads, sections, steps) as
     /// Parquet or CSV files.
@@ -109,10 +111,16 @@ pub struct CompareArgs {
     /// confidence interval lies outside 1 +- NOISE. The default is 0.02 (2%).
     #[arg(long, default_value_t = 0.02)]
     pub noise: f64,
+    /// Smallest change that counts, as a share of A's median step time: a section whose
+    /// median moved by less is not flagged, however significant. The default is 0.005
+    /// (0.5% of the step).
+    #[arg(long, default_value_t = crate::compare::MIN_EFFECT)]
+    pub min_effect: f64,
     /// Significance level after Holm's correction over all sections. The default is 0.05.
     #[arg(long, default_value_t = 0.05)]
     pub alpha: f64,
-    /// Exit with code 1 when a regression is flagged (one not explained by a slower host).
+    /// Exit with code 1 when a regression is flagged (one not explained by a slower host,
+    /// nor host slack in a GPU-bound pair).
     #[arg(long)]
     pub fail_on_regression: bool,
     /// Also draw A-vs-B plots per section into this directory.

@@ -185,6 +185,9 @@ fn compare_runs(
     if !(0.0..1.0).contains(&a.noise) {
         anyhow::bail!("--noise {} must lie in [0, 1)", a.noise);
     }
+    if !(0.0..1.0).contains(&a.min_effect) {
+        anyhow::bail!("--min-effect {} must lie in [0, 1)", a.min_effect);
+    }
     let plot_dir = a.plot.as_deref().map(prepare_dir).transpose()?;
     let ta = load_run(&a.run_a)?;
     let tb = load_run(&a.run_b)?;
@@ -192,6 +195,7 @@ fn compare_runs(
         noise: a.noise,
         alpha: a.alpha,
         seed: a.seed,
+        min_effect: a.min_effect,
     };
     let (c, _, _) = compare::compare(&ta, &tb, &opts).context("comparing the runs")?;
     emit(&if a.json {

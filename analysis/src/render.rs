@@ -7,7 +7,7 @@ use std::fmt::Write as _;
 use comfy_table::{presets, Cell, CellAlignment, Color, ContentArrangement, Table};
 
 use crate::breakdown::Breakdown;
-use crate::compare::{Comparison, Verdict};
+use crate::compare::{Comparison, SectionCompare, Verdict};
 
 fn table(color: bool, header: &[&str]) -> Table {
     let mut t = Table::new();
@@ -339,7 +339,15 @@ pub fn comparison(c: &Comparison, color: bool) -> String {
             Verdict::Unchanged => 2,
             Verdict::Insufficient => 3,
         };
-        rank(x.verdict).cmp(&rank(y.verdict)).then(
+        // Host slack below the flagged changes: it is not counted.
+        let shown = |s: &SectionCompare| {
+            if s.host_slack {
+                Verdict::Unchanged
+            } else {
+                s.verdict
+            }
+        };
+        rank(shown(x)).cmp(&rank(shown(y))).then(
             y.median_a_us
                 .unwrap_or(0.0)
                 .total_cmp(&x.median_a_us.unwrap_or(0.0)),
@@ -347,7 +355,11 @@ pub fn comparison(c: &Comparison, color: bool) -> String {
     });
     for s in rows {
         let mut verdict = s.verdict.as_str().to_string();
-        if s.explained_by_host {
+        if s.negligible {
+            verdict.push_str(" (small)");
+        } else if s.host_slack && s.verdict != Verdict::Unchanged {
+            verdict.push_str(" (slack)");
+        } else if s.explained_by_host {
             verdict.push_str(" (host)");
         } else if let Some(rv) = s.relative_verdict {
             if rv != Verdict::Unchanged {
@@ -356,10 +368,15 @@ pub fn comparison(c: &Comparison, color: bool) -> String {
         }
         let mut vc = Cell::new(&verdict);
         if color {
-            let shown = s
-                .relative_verdict
-                .filter(|_| s.explained_by_host || s.relative_verdict != Some(Verdict::Unchanged))
-                .unwrap_or(s.verdict);
+            let shown = if s.host_slack {
+                Verdict::Unchanged
+            } else {
+                s.relative_verdict
+                    .filter(|_| {
+                        s.explained_by_host || s.relative_verdict != Some(Verdict::Unchanged)
+                    })
+                    .unwrap_or(s.verdict)
+            };
             vc = match shown {
                 Verdict::Regression => vc.fg(Color::Red),
                 Verdict::Improvement => vc.fg(Color::Green),

@@ -370,12 +370,16 @@ fn comparison_html(out: &mut String, c: &Comparison) -> anyhow::Result<()> {
         .sections
         .iter()
         .map(|s| {
-            let class = match (s.verdict, s.explained_by_host) {
+            let class = match (s.verdict, s.explained_by_host || s.host_slack) {
                 (compare::Verdict::Regression, false) => "reg",
                 (compare::Verdict::Improvement, false) => "imp",
                 _ => "",
             };
-            let verdict = if s.explained_by_host {
+            let verdict = if s.negligible {
+                format!("{} (small)", s.verdict.as_str())
+            } else if s.host_slack && s.verdict != compare::Verdict::Unchanged {
+                format!("{} (slack)", s.verdict.as_str())
+            } else if s.explained_by_host {
                 format!("{} (host)", s.verdict.as_str())
             } else {
                 s.verdict.as_str().to_string()

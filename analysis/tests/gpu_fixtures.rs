@@ -1,7 +1,8 @@
-//! The two recorded H200 traces differ in one known way (256 vs 512 anchors per
-//! sequence, everything else equal; see docs/gpu-results.md): `compare` must flag the
-//! sections whose work scales with the anchor count and leave the optimizer alone, whose
-//! work depends only on the drafter's size.
+//! `compare` on recorded GPU traces. The two H200 traces differ in one known way (256 vs
+//! 512 anchors per sequence, everything else equal; see docs/gpu-results.md): `compare`
+//! must flag the sections whose work scales with the anchor count and leave the optimizer
+//! alone, whose work depends only on the drafter's size. The H100 traces are two runs of
+//! one build (a real null pair) and a run of a build with a faster loss pass.
 use std::path::Path;
 use std::process::Command;
 
@@ -95,4 +96,92 @@ fn a_streams_busy_time_per_step_counts_only_the_work_the_steps_launched() {
     assert!((13_500.0..15_000.0).contains(&per_step[1]), "{per_step:?}");
     let text = b["findings"][0]["text"].as_str().unwrap();
     assert!(text.contains("stream 2 32.39 ms"), "{text}");
+}
+
+fn compare_json(a: &str, b: &str) -> Value {
+    let traces = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/traces");
+    let out = Command::cargo_bin("dflash-analyze")
+        .unwrap()
+        .args(["compare", "--json", "--fail-on-regression"])
+        .arg(traces.join(a))
+        .arg(traces.join(b))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+fn changed(report: &Value) -> Vec<(String, String, String)> {
+    report["sections"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|s| s["verdict"] == "regression" || s["verdict"] == "improvement")
+        .filter(|s| s["host_slack"] == false && s["explained_by_host"] == false)
+        .map(|s| {
+            let f = |k: &str| s[k].as_str().unwrap().to_string();
+            (f("name"), f("kind"), f("verdict"))
+        })
+        .collect()
+}
+
+/// Two runs of one build on one GPU, one after the other: the drafter is GPU-bound and
+/// its host waits for the GPU somewhere each step, in a different section from run to
+/// run (`drafter.metrics` 5.1 vs 7.4 ms at the median, the launching sections 0.6-0.8x).
+/// None of that is a change of the step; nor are the small GPU spans that share the GPU
+/// with the target's kernels.
+#[test]
+fn a_real_null_pair_flags_nothing() {
+    let r = compare_json("h100-head-1.json.gz", "h100-head-2.json.gz");
+    assert_eq!(changed(&r), vec![], "{:#?}", r["summary"]);
+    assert_eq!(r["regressions"], 0);
+    assert_eq!(r["improvements"], 0);
+    assert_eq!(r["gpu_bound"], "drafter");
+    // The CPU sections did move, significantly: reported once, as host slack.
+    let slack = r["sections"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|s| s["host_slack"] == true && s["verdict"] != "unchanged")
+        .count();
+    assert!(slack >= 5, "{slack}");
+    assert!(
+        r["summary"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|l| l.as_str().unwrap().contains("both runs are GPU-bound")),
+        "{:#?}",
+        r["summary"]
+    );
+}
+
+/// The faster loss pass (its `softmax_xent` kernel 1.71 -> 1.16 ms a step in the kernel
+/// trace of the same call) is found, and nothing regresses.
+#[test]
+fn a_real_improvement_is_found_alone() {
+    let r = compare_json("h100-head-1.json.gz", "h100-xent-1.json.gz");
+    let c = changed(&r);
+    assert!(
+        c.contains(&(
+            "drafter.lm_head_loss".into(),
+            "gpu".into(),
+            "improvement".into()
+        )),
+        "{c:?}"
+    );
+    assert!(c.iter().all(|x| x.2 == "improvement"), "{c:?}");
+    assert_eq!(r["regressions"], 0);
+    let loss = r["sections"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["name"] == "drafter.lm_head_loss" && s["kind"] == "gpu")
+        .unwrap();
+    let ratio = loss["ratio"].as_f64().unwrap();
+    assert!((0.85..0.95).contains(&ratio), "{ratio}");
 }

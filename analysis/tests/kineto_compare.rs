@@ -120,7 +120,20 @@ fn a_slower_host_is_one_verdict_and_a_kernel_regression_on_top_is_found() {
         !k.moved.is_empty() && k.moved.iter().all(|m| m.name.contains("gemm")),
         "{k:?}"
     );
-    assert!(c.regressions >= 1, "{:#?}", c.summary);
+    // The per-step kernel busy time is no section regression here: the three steps of a
+    // copy differ so much that four copies leave its interval across 1. (This used to
+    // count one regression: `model.backward`'s GPU annotation, 0.7 -> 1.0 us a step, a
+    // change far below `min_effect` of the step.)
+    assert_eq!(c.regressions, 0, "{:#?}", c.summary);
+    let tiny = c
+        .sections
+        .iter()
+        .find(|s| s.name == "model.backward" && s.kind == "gpu")
+        .unwrap();
+    assert!(
+        tiny.negligible && tiny.verdict == dflash_analyze::compare::Verdict::Unchanged,
+        "{tiny:?}"
+    );
     assert!(
         c.sections
             .iter()

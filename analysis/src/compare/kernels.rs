@@ -8,7 +8,9 @@ use std::collections::BTreeMap;
 use chrome_trace_format::Clock;
 use serde::Serialize;
 
-use super::sections::{is_flagged_regression, HostShift, SectionCompare, Verdict, HOST_SPREAD};
+use super::sections::{
+    is_flagged_improvement, is_flagged_regression, HostShift, SectionCompare, Verdict, HOST_SPREAD,
+};
 use crate::breakdown::Breakdown;
 use crate::kernels::KernelView;
 
@@ -148,9 +150,7 @@ pub(crate) fn explain_gpu_by_host(
 /// the host made it.
 pub(crate) fn attribute_sides(out: &mut [SectionCompare], ba: &Breakdown, bb: &Breakdown) {
     for s in out.iter_mut() {
-        let flagged = is_flagged_regression(s)
-            || (s.verdict == Verdict::Improvement && !s.explained_by_host)
-            || s.relative_verdict == Some(Verdict::Improvement);
+        let flagged = is_flagged_regression(s) || is_flagged_improvement(s);
         if !flagged {
             continue;
         }

@@ -7,7 +7,11 @@
 //! outside the noise band 1 +- noise (criterion's rule, with a rank test like Google
 //! Benchmark's compare.py). When most CPU-side sections moved by about the same factor,
 //! that factor is reported once as a slower (or faster) host, and each section is judged
-//! again relative to it.
+//! again relative to it. Two rules keep real runs of one build from flagging changes
+//! (both measured on the GPU host; docs/analyze-json.md): a change smaller than
+//! `min_effect` of the step is not flagged, and when both runs are GPU-bound the CPU
+//! sections' changes are host slack (where the host's wait for the GPU landed), reported
+//! once and not counted.
 //!
 //! `sections.rs` judges the sections over their per-step samples; `kernels.rs` adds what
 //! the kernels say (which moved, host or device); this file runs both on two traces and
@@ -22,12 +26,14 @@ use serde::Serialize;
 
 use kernels::{attribute_sides, explain_gpu_by_host, kernel_change};
 pub use kernels::{KernelChange, KernelMove, KERNEL_MIN_SHARE, KERNEL_MOVE, KERNEL_SECTION};
-use sections::is_flagged_regression;
 pub use sections::{
     compare_samples, samples, CompareOptions, HostShift, SectionCompare, Verdict,
-    BOOTSTRAP_ITERATIONS, CI_LEVEL, HOST_MAJORITY, HOST_MIN_SECTIONS, HOST_SPREAD, MIN_SAMPLES,
+    BOOTSTRAP_ITERATIONS, CI_LEVEL, HOST_MAJORITY, HOST_MIN_SECTIONS, HOST_SPREAD, MIN_EFFECT,
+    MIN_SAMPLES,
 };
+use sections::{drop_negligible, is_flagged_improvement, is_flagged_regression, mark_host_slack};
 
+use crate::bound::bound_of;
 use crate::breakdown::{self, Breakdown};
 use crate::load::Trace;
 
@@ -37,6 +43,11 @@ pub struct Comparison {
     pub run_b: String,
     pub noise: f64,
     pub alpha: f64,
+    /// Changes below this share of A's median step are `negligible`.
+    pub min_effect: f64,
+    /// Both runs are GPU-bound on the same side (`drafter`, `target`, or `""` for a
+    /// single-stream trace): CPU sections are host slack.
+    pub gpu_bound: Option<String>,
     pub steps_a: u64,
     pub steps_b: u64,
     pub step_p50_a_us: f64,
@@ -76,14 +87,23 @@ pub fn compare(
     if let Some(h) = &host {
         explain_gpu_by_host(&mut sections, h, &ba, &bb);
     }
+    if ba.steps.p50_us > 0.0 {
+        drop_negligible(&mut sections, o.min_effect * ba.steps.p50_us);
+    }
+    let gpu_bound = match (bound_of(&ba), bound_of(&bb)) {
+        (Some(("gpu_bound", x)), Some(("gpu_bound", y))) if x == y => {
+            Some(x.unwrap_or("").to_string())
+        }
+        _ => None,
+    };
+    if gpu_bound.is_some() {
+        mark_host_slack(&mut sections);
+    }
     attribute_sides(&mut sections, &ba, &bb);
     let regressions = sections.iter().filter(|s| is_flagged_regression(s)).count();
     let improvements = sections
         .iter()
-        .filter(|s| {
-            (s.verdict == Verdict::Improvement && !s.explained_by_host)
-                || s.relative_verdict == Some(Verdict::Improvement)
-        })
+        .filter(|s| is_flagged_improvement(s))
         .count();
     let tps_delta = match (ba.steps.tokens_per_s, bb.steps.tokens_per_s) {
         (Some(x), Some(y)) if x > 0.0 => Some(y / x - 1.0),
@@ -94,6 +114,8 @@ pub fn compare(
         run_b: b.run.clone(),
         noise: o.noise,
         alpha: o.alpha,
+        min_effect: o.min_effect,
+        gpu_bound,
         steps_a: ba.steps.count,
         steps_b: bb.steps.count,
         step_p50_a_us: ba.steps.p50_us,
@@ -151,10 +173,36 @@ fn summary(c: &Comparison) -> Vec<String> {
             ));
         }
     }
+    if let Some(side) = &c.gpu_bound {
+        let slack: Vec<f64> = c
+            .sections
+            .iter()
+            .filter(|s| {
+                s.host_slack && matches!(s.verdict, Verdict::Regression | Verdict::Improvement)
+            })
+            .filter_map(|s| s.ratio)
+            .collect();
+        if !slack.is_empty() {
+            let lo = slack.iter().copied().fold(f64::INFINITY, f64::min);
+            let hi = slack.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            let on = if side.is_empty() {
+                String::new()
+            } else {
+                format!(" on the {side}'s stream")
+            };
+            let moved = if slack.len() == 1 {
+                format!("1 CPU section moved (x{lo:.2})")
+            } else {
+                format!("{} CPU sections moved (x{lo:.2} to x{hi:.2})", slack.len())
+            };
+            out.push(format!(
+                "both runs are GPU-bound{on} (the host waits for the GPU each step): {moved}, which is where that wait landed, not time the step takes; not counted (the step and the GPU sections are)"
+            ));
+        }
+    }
     for s in &c.sections {
         let flagged_reg = is_flagged_regression(s);
-        let flagged_imp = (s.verdict == Verdict::Improvement && !s.explained_by_host)
-            || s.relative_verdict == Some(Verdict::Improvement);
+        let flagged_imp = is_flagged_improvement(s);
         if !(flagged_reg || flagged_imp) {
             continue;
         }
@@ -181,8 +229,9 @@ fn summary(c: &Comparison) -> Vec<String> {
         .count();
     if c.regressions == 0 && c.improvements == 0 {
         out.push(format!(
-            "no section changed beyond the noise band (+-{:.0}%) with significance (alpha {} after Holm)",
+            "no section changed beyond the noise band (+-{:.0}%) and {:.1}% of the step with significance (alpha {} after Holm)",
             c.noise * 100.0,
+            c.min_effect * 100.0,
             c.alpha
         ));
     }

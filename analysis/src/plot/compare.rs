@@ -81,7 +81,7 @@ pub(super) fn chart_compare<DB: DrawingBackend>(
     }
     for (row, s) in rows.iter().enumerate() {
         let y = (n - 1 - row) as f64 + 0.5;
-        let shown = if s.explained_by_host {
+        let shown = if s.explained_by_host || s.host_slack {
             Verdict::Unchanged
         } else {
             s.relative_verdict.unwrap_or(s.verdict)
