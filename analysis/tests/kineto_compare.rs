@@ -103,6 +103,15 @@ fn a_slower_host_is_one_verdict_and_a_kernel_regression_on_top_is_found() {
     assert_eq!(c.regressions, 0, "{:#?}", c.summary);
     let k = c.kernels.as_ref().unwrap();
     assert!(!k.changed && k.moved.is_empty(), "{k:?}");
+    // The step's wall time is judged too (Kineto's steps enclose no section of their own):
+    // 1.5x, a change the slower host explains.
+    let step = c
+        .sections
+        .iter()
+        .find(|s| s.name == dflash_analyze::compare::STEP_SECTION)
+        .expect("the step as a section");
+    assert!((step.ratio.unwrap() - 1.5).abs() < 0.1, "{step:?}");
+    assert!(step.explained_by_host, "{step:?}");
     assert!(
         c.summary
             .iter()

@@ -20,7 +20,7 @@
 mod kernels;
 mod sections;
 
-use chrome_trace_format::Clock;
+use chrome_trace_format::{dflash, Clock};
 use polars::prelude::*;
 use serde::Serialize;
 
@@ -29,7 +29,7 @@ pub use kernels::{KernelChange, KernelMove, KERNEL_MIN_SHARE, KERNEL_MOVE, KERNE
 pub use sections::{
     compare_samples, samples, CompareOptions, HostShift, SectionCompare, Verdict,
     BOOTSTRAP_ITERATIONS, CI_LEVEL, HOST_MAJORITY, HOST_MIN_SECTIONS, HOST_SPREAD, MIN_EFFECT,
-    MIN_SAMPLES,
+    MIN_SAMPLES, STEP_SECTION,
 };
 use sections::{drop_negligible, is_flagged_improvement, is_flagged_regression, mark_host_slack};
 
@@ -75,6 +75,15 @@ pub fn compare(
     let (ba, bb) = (breakdown::breakdown(a)?, breakdown::breakdown(b)?);
     let (mut sa, mut sb) = (samples(a)?, samples(b)?);
     for (s, bd) in [(&mut sa, &ba), (&mut sb, &bb)] {
+        // The step itself, where no section spans it (dflash's `drafter.step` does): with
+        // both runs GPU-bound the CPU sections are not counted, and a host that makes the
+        // GPU wait shows here.
+        if !bd.sections.iter().any(|x| dflash::is_envelope(&x.name)) && !bd.per_step.is_empty() {
+            s.insert(
+                (STEP_SECTION.to_string(), Clock::Cpu),
+                bd.per_step.iter().map(|x| x.dur_us).collect(),
+            );
+        }
         if let Some(k) = &bd.kernels {
             s.insert(
                 (KERNEL_SECTION.to_string(), Clock::Gpu),

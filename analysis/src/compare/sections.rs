@@ -64,6 +64,10 @@ pub struct CompareOptions {
 /// work move it by whole percents.
 pub const MIN_EFFECT: f64 = 0.005;
 
+/// The step's wall time as a section, for traces without a span around each step's
+/// sections (a PyTorch-profiler trace's `ProfilerStep#N`).
+pub const STEP_SECTION: &str = "step (wall time)";
+
 impl Default for CompareOptions {
     fn default() -> Self {
         CompareOptions {
@@ -354,11 +358,11 @@ pub(crate) fn drop_negligible(sections: &mut [SectionCompare], floor_us: f64) {
 }
 
 /// Marks the CPU sections whose changes are host slack (both runs GPU-bound): every CPU
-/// section but the step envelope.
+/// section but the step (`drafter.step`, [`STEP_SECTION`]).
 pub(crate) fn mark_host_slack(sections: &mut [SectionCompare]) {
     for s in sections
         .iter_mut()
-        .filter(|s| s.kind == Clock::Cpu && !dflash::is_envelope(&s.name))
+        .filter(|s| s.kind == Clock::Cpu && !dflash::is_envelope(&s.name) && s.name != STEP_SECTION)
     {
         s.host_slack = true;
     }
