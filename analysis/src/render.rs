@@ -355,12 +355,8 @@ pub fn comparison(c: &Comparison, color: bool) -> String {
     });
     for s in rows {
         let mut verdict = s.verdict.as_str().to_string();
-        if s.negligible {
-            verdict.push_str(" (small)");
-        } else if s.host_slack && s.verdict != Verdict::Unchanged {
-            verdict.push_str(" (slack)");
-        } else if s.explained_by_host {
-            verdict.push_str(" (host)");
+        if let Some(why) = s.discount() {
+            verdict = format!("{verdict} ({why})");
         } else if let Some(rv) = s.relative_verdict {
             if rv != Verdict::Unchanged {
                 verdict = format!("{} vs host", rv.as_str());

@@ -375,14 +375,9 @@ fn comparison_html(out: &mut String, c: &Comparison) -> anyhow::Result<()> {
                 (compare::Verdict::Improvement, false) => "imp",
                 _ => "",
             };
-            let verdict = if s.negligible {
-                format!("{} (small)", s.verdict.as_str())
-            } else if s.host_slack && s.verdict != compare::Verdict::Unchanged {
-                format!("{} (slack)", s.verdict.as_str())
-            } else if s.explained_by_host {
-                format!("{} (host)", s.verdict.as_str())
-            } else {
-                s.verdict.as_str().to_string()
+            let verdict = match s.discount() {
+                Some(why) => format!("{} ({why})", s.verdict.as_str()),
+                None => s.verdict.as_str().to_string(),
             };
             vec![
                 (esc(&s.name), false),

@@ -9,22 +9,31 @@ use std::process::Command;
 use assert_cmd::cargo::CommandCargoExt;
 use serde_json::Value;
 
-#[test]
-fn compare_reports_the_anchor_count_difference_of_two_gpu_runs() {
+/// `dflash-analyze ARGS FIXTURES...` (trace files under fixtures/traces), which must
+/// succeed; its JSON output.
+fn analyze_json(args: &[&str], fixtures: &[&str]) -> Value {
     let traces = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/traces");
     let out = Command::cargo_bin("dflash-analyze")
         .unwrap()
-        .args(["compare", "--json"])
-        .arg(traces.join("h200-anchors256.json.gz"))
-        .arg(traces.join("h200-anchors512.json.gz"))
+        .args(args)
+        .args(fixtures.iter().map(|f| traces.join(f)))
         .output()
         .unwrap();
     assert!(
         out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+        "{}{}",
+        String::from_utf8_lossy(&out.stderr),
+        String::from_utf8_lossy(&out.stdout)
     );
-    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+#[test]
+fn compare_reports_the_anchor_count_difference_of_two_gpu_runs() {
+    let report = analyze_json(
+        &["compare", "--json"],
+        &["h200-anchors256.json.gz", "h200-anchors512.json.gz"],
+    );
     let verdict = |name: &str, kind: &str| -> (String, f64) {
         let s = report["sections"]
             .as_array()
@@ -67,19 +76,7 @@ fn a_streams_busy_time_per_step_counts_only_the_work_the_steps_launched() {
     // step, a stream cannot be busy longer than the step; counted over the whole trace
     // the drafter's stream would be 81 ms "per step". Counted by hand over the kernels
     // each step launched (docs/gpu-results.md): drafter stream 32.4 ms, target 14.3 ms.
-    let traces = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/traces");
-    let out = Command::cargo_bin("dflash-analyze")
-        .unwrap()
-        .args(["breakdown", "--json"])
-        .arg(traces.join("h100-kernels.json.gz"))
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let b: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let b = analyze_json(&["breakdown", "--json"], &["h100-kernels.json.gz"]);
     let steps = b["steps"]["count"].as_f64().unwrap();
     let step_us = b["steps"]["mean_us"].as_f64().unwrap();
     let per_step: Vec<f64> = b["kernels"]["streams"]
@@ -98,21 +95,9 @@ fn a_streams_busy_time_per_step_counts_only_the_work_the_steps_launched() {
     assert!(text.contains("stream 2 32.39 ms"), "{text}");
 }
 
+/// `compare --json --fail-on-regression A B`: it must exit 0 (no regression).
 fn compare_json(a: &str, b: &str) -> Value {
-    let traces = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/traces");
-    let out = Command::cargo_bin("dflash-analyze")
-        .unwrap()
-        .args(["compare", "--json", "--fail-on-regression"])
-        .arg(traces.join(a))
-        .arg(traces.join(b))
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stdout)
-    );
-    serde_json::from_slice(&out.stdout).unwrap()
+    analyze_json(&["compare", "--json", "--fail-on-regression"], &[a, b])
 }
 
 fn changed(report: &Value) -> Vec<(String, String, String)> {

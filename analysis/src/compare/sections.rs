@@ -116,6 +116,22 @@ pub struct SectionCompare {
     pub host_slack: bool,
 }
 
+impl SectionCompare {
+    /// Why a change of this section is not counted, as printed after its verdict: `small`
+    /// (negligible), `slack` (host slack) or `host` (explained by the host shift).
+    pub fn discount(&self) -> Option<&'static str> {
+        if self.negligible {
+            Some("small")
+        } else if self.host_slack && self.verdict != Verdict::Unchanged {
+            Some("slack")
+        } else if self.explained_by_host {
+            Some("host")
+        } else {
+            None
+        }
+    }
+}
+
 /// Most CPU sections moved together.
 #[derive(Debug, Clone, Serialize)]
 pub struct HostShift {
